@@ -1,0 +1,9 @@
+"""RouteScope model families, routing sites, traces, ablations and generation."""
+from .base import InputError, LMOutput, RouteScopeLM
+from .config import BaseConfig, ConfigError
+from .registry import build_model, config_from_dict, from_name, param_count, preset_names
+from .runtime import Ablation, AblationError, KVCache, Trace, tracing
+
+__all__ = ["Ablation", "AblationError", "BaseConfig", "ConfigError", "InputError", "KVCache", "LMOutput",
+           "RouteScopeLM", "Trace", "build_model", "config_from_dict", "from_name", "param_count",
+           "preset_names", "tracing"]

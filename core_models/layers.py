@@ -1,0 +1,246 @@
+"""Parts shared by every family: norms, rotary positions, attention with KV cache, feed-forwards,
+and the pre-norm residual block. Ordered from parts to whole."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import runtime
+from .sites import Site
+
+NORMS = ("rms", "layer")
+FFNS = ("swiglu", "geglu", "pagmlp", "gelu")
+ROPES = ("half", "interleaved", "none")
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """How one transformer block is built. Families derive it from their config."""
+
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    ffn: str = "swiglu"
+    ffn_hidden: int = 0  # 0: the family's default
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    norm_bias: bool = False  # LayerNorm only
+    rope: str = "half"
+    rope_base: float = 10000.0
+    context: int = 256
+    attn_out_proj: bool = True
+    linear_bias: bool = False
+    swiglu_beta: bool = False  # learnable per-unit beta in a * sigmoid(beta * a)
+    gelu_approx: str = "none"  # "none" (exact erf) or "tanh"
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), computed in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).type_as(x)
+
+
+def make_norm(spec: BlockSpec, dim: int | None = None) -> nn.Module:
+    dim = dim or spec.dim
+    if spec.norm == "rms":
+        return RMSNorm(dim, spec.norm_eps)
+    return nn.LayerNorm(dim, eps=spec.norm_eps, bias=spec.norm_bias)
+
+
+class Rotary(nn.Module):
+    """Rotary position tables for one head size; `style` picks the pairing of features."""
+
+    def __init__(self, head_dim: int, context: int, base: float, style: str) -> None:
+        super().__init__()
+        self.style = style
+        # float32 angles, as in the papers' reference code; table covers 2 * context positions
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+        angles = torch.outer(torch.arange(2 * context, dtype=torch.float32), inv_freq)  # (2C, hd/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        # x: (B, H, T, hd)
+        T = x.shape[2]
+        cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # (T, hd/2)
+        if self.style == "interleaved":  # pairs (2i, 2i+1) as complex numbers
+            x2 = x.float().unflatten(-1, (-1, 2))
+            a, b = x2[..., 0], x2[..., 1]
+            out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+        else:  # rotate-half: feature i pairs with i + hd/2
+            a, b = x.float().chunk(2, dim=-1)
+            out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        return out.type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal multi-head (or grouped-query) self-attention with optional RoPE and KV cache."""
+
+    def __init__(self, spec: BlockSpec) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.context = spec.context
+        self.qkv = nn.Linear(spec.dim, (self.n_heads + 2 * self.n_kv) * self.hd, bias=spec.linear_bias)
+        self.proj = nn.Linear(spec.dim, spec.dim, bias=spec.linear_bias) if spec.attn_out_proj else None
+        self.rotary = Rotary(self.hd, spec.context, spec.rope_base, spec.rope) if spec.rope != "none" else None
+        self.layer_id = -1  # index into the KV cache, set by the model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        st = runtime.current()
+        start = st.cache.pos if st.cache is not None else 0
+        q, k, v = self.qkv(x).split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
+        q = q.view(B, T, self.n_heads, self.hd).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        if self.rotary is not None:
+            q, k = self.rotary(q, start), self.rotary(k, start)
+        if st.cache is not None:
+            k, v = st.cache.append(self.layer_id, k, v, self.context)
+        y = attend(q, k, v, start, st.pad_mask)  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)
+        return self.proj(y) if self.proj is not None else y
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+           pad_mask: torch.Tensor | None) -> torch.Tensor:
+    """Causal attention of T queries at positions start.. over all L keys so far."""
+    T, L = q.shape[2], k.shape[2]
+    gqa = k.shape[1] != q.shape[1]
+    if pad_mask is None and start == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if pad_mask is None and T == 1:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    allowed = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(diagonal=start)  # (T, L)
+    if pad_mask is not None:  # padding is masked as keys only, as in the PaPaformer reference
+        allowed = allowed & ~pad_mask[:, None, None, -L:]  # (B, 1, T, L)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=gqa)
+
+
+class SwiGLU(nn.Module):
+    """down(up(x) * a * sigmoid(beta * a)), a = gate(x); beta = 1 unless learnable."""
+
+    def __init__(self, dim: int, hidden: int, learn_beta: bool = False, bias: bool = False) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=bias)
+        self.up = nn.Linear(dim, hidden, bias=bias)
+        self.down = nn.Linear(hidden, dim, bias=bias)
+        self.beta = nn.Parameter(torch.ones(hidden)) if learn_beta else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.gate(x)  # (B, T, h)
+        act = F.silu(a) if self.beta is None else a * torch.sigmoid(self.beta * a)
+        return self.down(self.up(x) * act)
+
+
+class GEGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=bias)
+        self.up = nn.Linear(dim, hidden, bias=bias)
+        self.down = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.up(x) * F.gelu(self.gate(x)))
+
+
+class PAGMLP(nn.Module):
+    """Parallel Adaptive Gated MLP: a SwiGLU and a GEGLU pathway of hidden/2 units each, scaled by
+    alpha = sigmoid(a) and beta = sigmoid(b) (both 0.5 at init), concatenated, one down projection.
+    Same matrices as a SwiGLU of width `hidden` (plus the two scalars)."""
+
+    n_options = 2  # 0 = SwiGLU pathway, 1 = GEGLU pathway
+
+    def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
+        super().__init__()
+        assert hidden % 2 == 0, "PAGMLP hidden width must be even"
+        self.half = hidden // 2
+        self.gate = nn.Linear(dim, hidden, bias=bias)  # [swiglu gate | geglu gate]
+        self.up = nn.Linear(dim, hidden, bias=bias)
+        self.down = nn.Linear(hidden, dim, bias=bias)
+        self.a = nn.Parameter(torch.zeros(()))
+        self.b = nn.Parameter(torch.zeros(()))
+        self.alpha_site = Site("[] sigmoid(a), SwiGLU pathway scale", pos_axis=None)
+        self.beta_site = Site("[] sigmoid(b), GEGLU pathway scale", pos_axis=None)
+        self.swiglu_out = Site("[batch, pos, hidden/2] scaled SwiGLU pathway (before down projection)")
+        self.geglu_out = Site("[batch, pos, hidden/2] scaled GEGLU pathway (before down projection)")
+        self.routing_name = ""  # set by the model: this layer's name for ablations
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g, u = self.gate(x), self.up(x)  # (B, T, h)
+        alpha, beta = self.alpha_site(torch.sigmoid(self.a)), self.beta_site(torch.sigmoid(self.b))
+        dropped = runtime.current().ablation.dropped(self.routing_name)
+        s = F.silu(g[..., :self.half]) * u[..., :self.half] * (0.0 if 0 in dropped else alpha)
+        e = F.gelu(g[..., self.half:]) * u[..., self.half:] * (0.0 if 1 in dropped else beta)
+        return self.down(torch.cat((self.swiglu_out(s), self.geglu_out(e)), dim=-1))
+
+
+class MLP(nn.Module):
+    """GPT-2 feed-forward: proj(gelu(fc(x)))."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool = False, approximate: str = "none") -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, hidden, bias=bias)
+        self.proj = nn.Linear(hidden, dim, bias=bias)
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate=self.approximate))
+
+
+def make_ffn(spec: BlockSpec) -> nn.Module:
+    hidden = spec.ffn_hidden or 4 * spec.dim
+    if spec.ffn == "swiglu":
+        return SwiGLU(spec.dim, hidden, spec.swiglu_beta, spec.linear_bias)
+    if spec.ffn == "geglu":
+        return GEGLU(spec.dim, hidden, spec.linear_bias)
+    if spec.ffn == "pagmlp":
+        return PAGMLP(spec.dim, hidden, spec.linear_bias)
+    return MLP(spec.dim, hidden, spec.linear_bias, spec.gelu_approx)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: h = x + attn(norm_1(x)); out = h + ffn(norm_2(h))."""
+
+    def __init__(self, spec: BlockSpec) -> None:
+        super().__init__()
+        self.norm_1 = make_norm(spec)
+        self.attn = Attention(spec)
+        self.norm_2 = make_norm(spec)
+        self.ffn = make_ffn(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x))  # (B, T, d)
+        return x + self.ffn(self.norm_2(x))
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """GPT-2 style init: normal(0, std) for linears and embeddings, zero biases."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv1d)):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, std)
+
+
+def scaled_residual_init(module: nn.Module, n_layers: int, std: float = 0.02) -> None:
+    """Residual output projections get std / sqrt(2 * n_layers), as in GPT-2."""
+    for name, p in module.named_parameters():
+        if name.endswith(("attn.proj.weight", "ffn.down.weight", "ffn.proj.weight")):
+            nn.init.normal_(p, 0.0, std / math.sqrt(2 * n_layers))

@@ -1,0 +1,78 @@
+"""llama: the dense baseline. RMSNorm, RoPE, MHA or GQA, FFN swiglu | geglu | pagmlp."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .base import RouteScopeLM
+from .config import BaseConfig
+from .layers import FFNS, Block, BlockSpec, RMSNorm, init_weights, scaled_residual_init
+
+
+@dataclass(frozen=True)
+class LlamaConfig(BaseConfig):
+    family = "llama"
+    vocab_size: int = 4096
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    ffn: str = "swiglu"
+    ffn_hidden: int = 0  # 0: 8/3 * d_model rounded up to a multiple of 32 (keeps 3 matrices ~ 8 d^2)
+    context: int = 256
+    norm_eps: float = 1e-6
+    rope_base: float = 10000.0
+    tie_embeddings: bool = True
+
+    def validate(self) -> None:
+        self.positive("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context")
+        self.require(self.d_model % self.n_heads == 0, "n_heads", f"must divide d_model ({self.d_model})")
+        self.require(self.n_heads % self.n_kv_heads == 0, "n_kv_heads", f"must divide n_heads ({self.n_heads})")
+        self.require((self.d_model // self.n_heads) % 2 == 0, "n_heads", "head dim must be even for RoPE")
+        self.one_of("ffn", FFNS[:3])
+        self.require(self.ffn_hidden >= 0, "ffn_hidden", "must be >= 0")
+        self.require(self.norm_eps > 0, "norm_eps", "must be > 0")
+
+    @property
+    def hidden(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        return -(-(8 * self.d_model // 3) // 32) * 32
+
+    def block_spec(self) -> BlockSpec:
+        return BlockSpec(dim=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, ffn=self.ffn,
+                         ffn_hidden=self.hidden, norm="rms", norm_eps=self.norm_eps, rope="half",
+                         rope_base=self.rope_base, context=self.context)
+
+
+class Llama(RouteScopeLM):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config, self.context, self.vocab_size = config, config.context, config.vocab_size
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config.block_spec()) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        init_weights(self)
+        scaled_residual_init(self, config.n_layers)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+        self._finalize()
+
+    def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)  # (B, T, d)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))  # (B, T, V)
+
+
+def llama_param_count(c: LlamaConfig) -> int:
+    """Closed form of sum(p.numel()) for a Llama built from `c`."""
+    d, hd = c.d_model, c.d_model // c.n_heads
+    attn = d * (c.n_heads + 2 * c.n_kv_heads) * hd + d * d
+    ffn = 3 * d * c.hidden + (2 if c.ffn == "pagmlp" else 0)
+    per_block = attn + ffn + 2 * d
+    emb = c.vocab_size * d * (1 if c.tie_embeddings else 2)
+    return emb + c.n_layers * per_block + d

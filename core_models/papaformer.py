@@ -1,0 +1,210 @@
+"""PaPaformer (Tapaninaho & Oussalah, 2025): parallel paths of lower width between full layers.
+
+embed -> full blocks (d) -> shrink d->d' -> N parallel layers of k blocks (d') -> grow d'->d
+      -> full blocks (d) -> norm -> head
+
+Combiners: `share_linear` (linear over the concatenated path outputs), `gumbel_v1` (router reads the
+combined representation), `gumbel_v2` (router reads the concatenation). Gumbel output is
+sum_i pi_i f_i(x) + pi_comb x_comb, with pi a hard one-hot.
+
+Ablation semantics (routing layer `parallel.{i}`, options 0..k-1 = paths, k = combined):
+- drop path j: its block is not run; its slot in the concatenation is zeros; Gumbel routers also
+  never pick it (logit -inf). Dropping option k (Gumbel) forbids the combined representation.
+- force j: Gumbel layers route every token to option j; Share-Linear layers keep only path j.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import runtime
+from .base import RouteScopeLM
+from .config import BaseConfig
+from .layers import ROPES, Block, BlockSpec, RMSNorm, init_weights
+from .routers import GumbelRouter
+from .sites import Site
+
+COMBINERS = ("share_linear", "gumbel_v1", "gumbel_v2")
+
+
+@dataclass(frozen=True)
+class PapaformerConfig(BaseConfig):
+    family = "papaformer"
+    vocab_size: int = 4096
+    d_model: int = 128  # d: width of the full layers
+    d_par: int = 64  # d': width of every parallel block
+    n_heads: int = 4
+    n_par_heads: int = 2
+    n_large_pre: int = 1
+    n_parallel_layers: int = 2  # N
+    n_paths: int = 2  # k blocks per parallel layer
+    n_large_post: int = 1
+    combiner: str = "share_linear"
+    ffn_mult: int = 4  # SwiGLU inner width = ffn_mult * width (the paper hard-codes 4)
+    context: int = 256
+    tie_embeddings: bool = True
+    gumbel_tau: float = 1.0
+    aux_lambda: float = 0.01
+    # options that express the paper's reference code exactly (defaults: RouteScope's own models)
+    rope: str = "half"
+    attn_out_proj: bool = True
+    swiglu_beta: bool = False
+    norm_eps: float = 1e-6
+    pad_id: int = -1  # >= 0: tokens equal to pad_id are masked as attention keys
+    parallel_residual: bool = False  # x + combined instead of combined (the paper has none)
+    fused_grow: bool = False  # Share-Linear: last combiner maps k*d' -> d directly (reference)
+    router_bias: bool = True
+
+    def validate(self) -> None:
+        self.positive("vocab_size", "d_model", "d_par", "n_heads", "n_par_heads", "n_parallel_layers",
+                      "ffn_mult", "context")
+        self.require(self.n_paths >= 2, "n_paths", "a parallel layer needs at least 2 paths")
+        self.require(self.n_large_pre >= 0, "n_large_pre", "must be >= 0")
+        self.require(self.n_large_post >= 0, "n_large_post", "must be >= 0")
+        for f, d, h in (("n_heads", self.d_model, self.n_heads), ("n_par_heads", self.d_par, self.n_par_heads)):
+            self.require(d % h == 0 and (d // h) % 2 == 0, f, f"must divide width {d} into even head dims")
+        self.one_of("combiner", COMBINERS)
+        self.one_of("rope", ROPES)
+        self.require(self.gumbel_tau > 0, "gumbel_tau", "must be > 0")
+        self.require(self.norm_eps > 0, "norm_eps", "must be > 0")
+        self.require(self.pad_id < self.vocab_size, "pad_id", "must be < vocab_size (or -1 for none)")
+        self.require(not (self.fused_grow and self.combiner != "share_linear"), "fused_grow",
+                     "only the share_linear combiner can fuse the grow projection")
+
+    def spec(self, dim: int, heads: int) -> BlockSpec:
+        return BlockSpec(dim=dim, n_heads=heads, n_kv_heads=heads, ffn="swiglu", ffn_hidden=self.ffn_mult * dim,
+                         norm="rms", norm_eps=self.norm_eps, rope=self.rope, context=self.context,
+                         attn_out_proj=self.attn_out_proj, swiglu_beta=self.swiglu_beta)
+
+    @property
+    def n_options(self) -> int:
+        return self.n_paths + (self.combiner != "share_linear")
+
+
+class Path(nn.Module):
+    """One parallel block; `out` records its output."""
+
+    def __init__(self, spec: BlockSpec) -> None:
+        super().__init__()
+        self.block = Block(spec)
+        self.out = Site("[batch, pos, d_par] output of this path's block")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.block(x))
+
+
+class ParallelLayer(nn.Module):
+    def __init__(self, c: PapaformerConfig, out_dim: int, grow: bool) -> None:
+        super().__init__()
+        self.combiner = c.combiner
+        self.residual = c.parallel_residual
+        self.paths = nn.ModuleList(Path(c.spec(c.d_par, c.n_par_heads)) for _ in range(c.n_paths))
+        k, dp = c.n_paths, c.d_par
+        if c.combiner == "share_linear":
+            self.combine = nn.Linear(k * dp, out_dim, bias=False)
+            self.router = None
+        else:
+            self.combine = nn.Linear(k * dp, dp, bias=c.router_bias)
+            router_in = dp if c.combiner == "gumbel_v1" else k * dp
+            self.router = GumbelRouter(router_in, k + 1, bias=c.router_bias, tau=c.gumbel_tau)
+        self.combined = Site("[batch, pos, d_par] combined representation (Share-Linear: the layer output)")
+        self.grow = nn.Linear(dp, c.d_model, bias=False) if grow else None
+        self.out = Site("[batch, pos, width] layer output as passed on (after grow in the last layer)")
+        self.name = ""  # routing-layer name, set by the model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ab = runtime.current().ablation
+        forced, dropped = ab.forced(self.name), ab.dropped(self.name)
+        if forced is not None and self.router is None:
+            dropped = frozenset(range(len(self.paths))) - {forced}
+        outs = [torch.zeros_like(x) if j in dropped else p(x) for j, p in enumerate(self.paths)]  # k x (B, T, d')
+        cat = torch.cat(outs, dim=-1)  # (B, T, k*d')
+        comb = self.combined(self.combine(cat))
+        if self.router is None:
+            y = comb
+        else:
+            route = self.router(comb if self.combiner == "gumbel_v1" else cat, self.name)
+            cands = torch.stack(outs + [comb], dim=-2)  # (B, T, k+1, d')
+            y = (route.weights.unsqueeze(-1) * cands).sum(-2)  # (B, T, d')
+        if self.residual:
+            y = y + x
+        if self.grow is not None:
+            y = self.grow(y)
+        return self.out(y)
+
+
+class Papaformer(RouteScopeLM):
+    def __init__(self, config: PapaformerConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.context, self.vocab_size = c.context, c.vocab_size
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.large_pre = nn.ModuleList(Block(c.spec(c.d_model, c.n_heads)) for _ in range(c.n_large_pre))
+        self.shrink = nn.Linear(c.d_model, c.d_par, bias=False)
+        last = c.n_parallel_layers - 1
+        self.parallel = nn.ModuleList(
+            ParallelLayer(c, c.d_model if (i == last and c.fused_grow) else c.d_par, grow=(i == last and not c.fused_grow))
+            for i in range(c.n_parallel_layers))
+        self.large_post = nn.ModuleList(Block(c.spec(c.d_model, c.n_heads)) for _ in range(c.n_large_post))
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        init_weights(self)
+        if c.tie_embeddings:
+            self.head.weight = self.embed.weight
+        for i, layer in enumerate(self.parallel):
+            layer.name = f"parallel.{i}"
+        self._finalize()
+
+    def routing_layers(self) -> dict[str, int]:
+        return {f"parallel.{i}": self.config.n_options for i in range(self.config.n_parallel_layers)}
+
+    def aux_weights(self) -> dict[str, float]:
+        return {"routing_entropy": self.config.aux_lambda, "load_balance": self.config.aux_lambda}
+
+    def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.config.pad_id >= 0:
+            _set_pad_mask(idx, self.config.pad_id)
+        x = self.embed(idx)  # (B, T, d)
+        for block in self.large_pre:
+            x = block(x)
+        x = self.shrink(x)  # (B, T, d')
+        for layer in self.parallel:
+            x = layer(x)
+        for block in self.large_post:  # (B, T, d)
+            x = block(x)
+        return self.head(self.norm(x)).float()  # (B, T, V)
+
+
+def _set_pad_mask(idx: torch.Tensor, pad_id: int) -> None:
+    """Mask pad tokens as attention keys for this call (and remember them in the KV cache)."""
+    st = runtime.current()
+    pad = idx == pad_id  # (B, T)
+    if st.cache is not None:
+        prev = st.cache.extra.get("pad_mask")
+        pad = pad if prev is None else torch.cat((prev, pad), dim=1)
+        st.cache.extra["pad_mask"] = pad
+    if pad.any():
+        st.pad_mask = pad
+
+
+def papaformer_param_count(c: PapaformerConfig) -> int:
+    def block(d: int) -> int:
+        h = c.ffn_mult * d
+        return 3 * d * d + (d * d if c.attn_out_proj else 0) + 3 * d * h + (h if c.swiglu_beta else 0) + 2 * d
+
+    k, dp, d = c.n_paths, c.d_par, c.d_model
+    total = c.vocab_size * d * (1 if c.tie_embeddings else 2) + d  # embeddings/head, final norm
+    total += (c.n_large_pre + c.n_large_post) * block(d) + d * dp  # full blocks, shrink
+    for i in range(c.n_parallel_layers):
+        last = i == c.n_parallel_layers - 1
+        total += k * block(dp)
+        if c.combiner == "share_linear":
+            total += k * dp * (d if last and c.fused_grow else dp)
+        else:
+            router_in = dp if c.combiner == "gumbel_v1" else k * dp
+            total += k * dp * dp + (k + 1) * router_in + ((dp + k + 1) if c.router_bias else 0)
+        if last and not c.fused_grow:
+            total += dp * d
+    return total

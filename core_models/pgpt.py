@@ -1,0 +1,230 @@
+"""ParallelGPT (pgpt) and its dense comparison families lgpt / cgpt, on GPT-2-style blocks.
+
+pgpt: x = wte(idx) + wpe(pos); path i: PD_i (dense d->d) then N/P blocks; the path outputs are
+mixed by softmax(w) over learned w (or, for P = 2, w = sigmoid(wt) and 1 - w); ln_f; head.
+
+Ablation semantics (routing layer `paths`, options = path indices): a dropped path is not
+computed at all and the remaining weights are renormalised to sum to 1 (pgpt-1: one path, weight
+1). Forcing path j keeps only path j.
+
+lgpt / cgpt: one stack of blocks whose width halves after every `halve_every` blocks, through a
+Linear (lgpt) or a kernel-1 Conv1d (cgpt); head dim stays fixed, so heads halve too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import runtime
+from .base import RouteScopeLM
+from .config import BaseConfig
+from .layers import Block, BlockSpec, init_weights, scaled_residual_init
+from .sites import Site
+
+MIXES = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class PGPTConfig(BaseConfig):
+    family = "pgpt"
+    vocab_size: int = 4096
+    d_model: int = 128
+    n_layers: int = 4  # total blocks; each path has n_layers / n_paths
+    n_paths: int = 2
+    n_heads: int = 4
+    context: int = 256
+    mix: str = "softmax"  # softmax(w) over paths, or sigmoid(wt) / 1 - sigmoid(wt) for 2 paths
+    pre_proj_bias: bool = True
+    ln_bias: bool = False
+    gelu_approx: str = "none"
+    tie_embeddings: bool = True
+
+    def validate(self) -> None:
+        self.positive("vocab_size", "d_model", "n_layers", "n_heads", "context")
+        self.require(self.n_paths >= 1, "n_paths", "must be >= 1")
+        self.require(self.n_layers % self.n_paths == 0, "n_layers", f"must be a multiple of n_paths ({self.n_paths})")
+        self.require(self.d_model % self.n_heads == 0, "n_heads", f"must divide d_model ({self.d_model})")
+        self.one_of("mix", MIXES)
+        self.require(self.mix != "sigmoid" or self.n_paths == 2, "mix", "the sigmoid form needs n_paths = 2")
+        self.one_of("gelu_approx", ("none", "tanh"))
+
+    def spec(self, dim: int | None = None) -> BlockSpec:
+        dim = dim or self.d_model
+        heads = self.n_heads * dim // self.d_model
+        return BlockSpec(dim=dim, n_heads=heads, n_kv_heads=heads, ffn="gelu", ffn_hidden=4 * dim, norm="layer",
+                         norm_eps=1e-5, norm_bias=self.ln_bias, rope="none", context=self.context,
+                         gelu_approx=self.gelu_approx)
+
+
+class GPTEmbedding(nn.Module):
+    """Token plus learned absolute position embeddings (positions offset by the KV cache)."""
+
+    def __init__(self, vocab: int, context: int, dim: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(context, dim)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        st = runtime.current()
+        start = st.cache.pos if st.cache is not None else 0
+        pos = torch.arange(start, start + idx.shape[1], device=idx.device)
+        return self.wte(idx) + self.wpe(pos)  # (B, T, d)
+
+
+class PGPTPath(nn.Module):
+    def __init__(self, c: PGPTConfig) -> None:
+        super().__init__()
+        self.pre = nn.Linear(c.d_model, c.d_model, bias=c.pre_proj_bias)  # PD_i
+        self.blocks = nn.ModuleList(Block(c.spec()) for _ in range(c.n_layers // c.n_paths))
+        self.out = Site("[batch, pos, d_model] output of this path's last block")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pre(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+class PathMixer(nn.Module):
+    """Learned path weights, renormalised over the paths that run."""
+
+    def __init__(self, c: PGPTConfig) -> None:
+        super().__init__()
+        self.mix = c.mix
+        # sigmoid form: one scalar wt (0.5 at init as in the paper's code); softmax: one logit per path
+        self.w = nn.Parameter(torch.tensor(0.5) if c.mix == "sigmoid" else torch.zeros(c.n_paths))
+        self.weights = Site("[n_paths] mixing weight of each path in this call (0 where dropped)", pos_axis=None)
+
+    def forward(self, keep: list[int]) -> torch.Tensor:
+        if self.mix == "sigmoid":
+            s = torch.sigmoid(self.w)
+            full = torch.stack((s, 1 - s))
+        else:
+            full = torch.softmax(self.w, dim=0)
+        mask = torch.zeros_like(full)
+        mask[keep] = 1.0
+        w = full * mask
+        if len(keep) < full.numel():
+            w = w / w.sum()
+        return self.weights(w)  # (P,)
+
+
+class PGPT(RouteScopeLM):
+    def __init__(self, config: PGPTConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.context, self.vocab_size = c.context, c.vocab_size
+        self.embed = GPTEmbedding(c.vocab_size, c.context, c.d_model)
+        self.paths = nn.ModuleList(PGPTPath(c) for _ in range(c.n_paths))
+        self.mixer = PathMixer(c)
+        self.mixed = Site("[batch, pos, d_model] weighted sum of the path outputs")
+        self.ln_f = nn.LayerNorm(c.d_model, eps=1e-5, bias=c.ln_bias)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        init_weights(self)
+        scaled_residual_init(self, c.n_layers)
+        if c.tie_embeddings:
+            self.head.weight = self.embed.wte.weight
+        self._finalize()
+
+    def routing_layers(self) -> dict[str, int]:
+        return {"paths": self.config.n_paths}
+
+    def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        ab = runtime.current().ablation
+        forced = ab.forced("paths")
+        keep = [j for j in range(self.config.n_paths)
+                if j not in ab.dropped("paths") and (forced is None or j == forced)]
+        x = self.embed(idx)  # (B, T, d)
+        w = self.mixer(keep)  # (P,)
+        y = sum(w[j] * self.paths[j](x) for j in keep)  # dropped paths never run
+        return self.head(self.ln_f(self.mixed(y)))  # (B, T, V)
+
+
+def pgpt_param_count(c: PGPTConfig) -> int:
+    d = c.d_model
+    block = 4 * d * d + 8 * d * d + (4 if c.ln_bias else 2) * d
+    path = d * d + (d if c.pre_proj_bias else 0) + (c.n_layers // c.n_paths) * block
+    emb = c.vocab_size * d * (1 if c.tie_embeddings else 2) + c.context * d
+    mix = 1 if c.mix == "sigmoid" else c.n_paths
+    return emb + c.n_paths * path + mix + (2 if c.ln_bias else 1) * d
+
+
+# --- lgpt / cgpt -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShrinkGPTConfig(BaseConfig):
+    family = "lgpt"
+    vocab_size: int = 4096
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    halve_every: int = 2  # blocks between width halvings
+    context: int = 256
+    ln_bias: bool = False
+
+    def validate(self) -> None:
+        self.positive("vocab_size", "d_model", "n_layers", "n_heads", "halve_every", "context")
+        hd = self.d_model // self.n_heads
+        self.require(self.d_model % self.n_heads == 0, "n_heads", f"must divide d_model ({self.d_model})")
+        n_halvings = (self.n_layers - 1) // self.halve_every
+        self.require(self.d_model % (2 ** n_halvings) == 0 and self.d_model >> n_halvings >= hd, "halve_every",
+                     f"{n_halvings} halvings leave less than one head of width {hd}")
+
+    def widths(self) -> list[int]:
+        return [self.d_model >> (i // self.halve_every) for i in range(self.n_layers)]
+
+    def spec(self, dim: int) -> BlockSpec:
+        return PGPTConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=1, n_paths=1,
+                          n_heads=self.n_heads, context=self.context, ln_bias=self.ln_bias).spec(dim)
+
+
+@dataclass(frozen=True)
+class CGPTConfig(ShrinkGPTConfig):
+    family = "cgpt"
+
+
+class HalveConv(nn.Module):
+    """Kernel-1 Conv1d over the sequence, d -> d/2 (cgpt's width reduction)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(dim, dim // 2, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.transpose(1, 2)).transpose(1, 2)  # (B, T, d/2)
+
+
+class ShrinkGPT(RouteScopeLM):
+    def __init__(self, config: ShrinkGPTConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.context, self.vocab_size = c.context, c.vocab_size
+        widths = c.widths()
+        self.embed = GPTEmbedding(c.vocab_size, c.context, c.d_model)
+        self.blocks = nn.ModuleList(Block(c.spec(w)) for w in widths)
+        # reductions[i] runs before block i where the width halves (identity elsewhere)
+        self.reductions = nn.ModuleDict({
+            str(i): (nn.Linear(widths[i - 1], widths[i]) if c.family == "lgpt" else HalveConv(widths[i - 1]))
+            for i in range(1, len(widths)) if widths[i] != widths[i - 1]})
+        self.ln_f = nn.LayerNorm(widths[-1], eps=1e-5, bias=c.ln_bias)
+        self.head = nn.Linear(widths[-1], c.vocab_size, bias=False)
+        init_weights(self)
+        self._finalize()
+
+    def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for i, block in enumerate(self.blocks):
+            if str(i) in self.reductions:
+                x = self.reductions[str(i)](x)
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def shrink_gpt_param_count(c: ShrinkGPTConfig) -> int:
+    widths = c.widths()
+    total = c.vocab_size * c.d_model + c.context * c.d_model + c.vocab_size * widths[-1]
+    total += sum(12 * w * w + (4 if c.ln_bias else 2) * w for w in widths)
+    total += sum(a * b + b for a, b in zip(widths, widths[1:]) if a != b)  # linear or conv, with bias
+    return total + (2 if c.ln_bias else 1) * widths[-1]

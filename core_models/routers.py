@@ -1,0 +1,112 @@
+"""Routers: modules that score options per token and return a small named result."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import runtime
+from .sites import Site
+
+
+@dataclass
+class Route:
+    logits: torch.Tensor  # (B, T, n) raw router scores (dropped options at -inf)
+    probs: torch.Tensor  # (B, T, n) noise-free softmax of the logits
+    choice: torch.Tensor  # (B, T) Gumbel: the chosen option; top-k: the first choice
+    weights: torch.Tensor  # (B, T, n) the weight each option's output gets (zeros where unused)
+    indices: torch.Tensor | None = None  # (B, T, k) top-k routers: selected options, best first
+
+
+def masked_logits(logits: torch.Tensor, dropped: frozenset[int]) -> torch.Tensor:
+    if not dropped:
+        return logits
+    mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    mask[list(dropped)] = True
+    return logits.masked_fill(mask, float("-inf"))
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """Entropy over the last axis, with the 1e-8 offset the PaPaformer reference uses."""
+    return -(p * torch.log(p + 1e-8)).sum(-1)
+
+
+class GumbelRouter(nn.Module):
+    """Picks one of n options per token: a hard Gumbel-softmax while training (straight-through),
+    a noise-free argmax (default) or a seeded Gumbel sample at inference."""
+
+    def __init__(self, in_dim: int, n_options: int, bias: bool = True, tau: float = 1.0) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_dim, n_options, bias=bias)
+        self.tau = tau
+        self.logits = Site("[batch, pos, n_options] router logits (dropped options -inf)")
+        self.probs = Site("[batch, pos, n_options] noise-free softmax of the router logits")
+        self.choice = Site("[batch, pos] chosen option (int64)")
+        self.weights = Site("[batch, pos, n_options] weight of each candidate (one-hot at inference)")
+
+    def forward(self, x: torch.Tensor, layer: str) -> Route:
+        st = runtime.current()
+        logits = self.logits(masked_logits(self.proj(x), st.ablation.dropped(layer)))  # (B, T, n)
+        probs = self.probs(torch.softmax(logits.float(), dim=-1).type_as(logits))
+        forced = st.ablation.forced(layer)
+        if forced is not None:
+            choice = torch.full(logits.shape[:-1], forced, dtype=torch.long, device=x.device)
+            weights = F.one_hot(choice, logits.shape[-1]).type_as(logits)
+        elif st.training:
+            g = _gumbel_like(logits, st.generator)
+            soft = torch.softmax((logits + g) / self.tau, dim=-1)
+            choice = soft.argmax(-1)
+            hard = F.one_hot(choice, logits.shape[-1]).type_as(soft)
+            weights = hard - soft.detach() + soft  # straight-through: hard forward, soft gradient
+            st.aux["routing_entropy"] = st.aux.get("routing_entropy", 0.0) + entropy(probs).mean()
+            # The paper prints the load term as +lambda * H(mean routing), which would penalise
+            # balance; its stated intent is to reward balance, so we subtract the entropy.
+            st.aux["load_balance"] = st.aux.get("load_balance", 0.0) - entropy(probs.flatten(0, -2).mean(0))
+        else:
+            noisy = logits + _gumbel_like(logits, st.generator) if st.routing == "sampled" else logits
+            choice = noisy.argmax(-1)
+            weights = F.one_hot(choice, logits.shape[-1]).type_as(logits)
+        return Route(logits=logits, probs=probs, choice=self.choice(choice), weights=self.weights(weights))
+
+
+def _gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    u = torch.rand(x.shape, generator=generator, dtype=torch.float32).clamp_(1e-10, 1.0 - 1e-7)
+    return (-torch.log(-torch.log(u))).to(x.dtype)
+
+
+class TopKRouter(nn.Module):
+    """Token-level top-k: a linear score per option, the k best kept, their softmax weights
+    renormalised over the selected ones (unselected options get weight 0)."""
+
+    def __init__(self, in_dim: int, n_options: int, k: int, bias: bool = False) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_dim, n_options, bias=bias)
+        self.k = k
+        self.logits = Site("[batch, pos, n_options] router logits (dropped options -inf)")
+        self.probs = Site("[batch, pos, n_options] softmax of the router logits")
+        self.indices = Site("[batch, pos, k] selected options, best first (int64)")
+        self.weights = Site("[batch, pos, k] renormalised weights of the selected options")
+
+    def forward(self, x: torch.Tensor, layer: str) -> Route:
+        st = runtime.current()
+        n = self.proj.out_features
+        dropped = st.ablation.dropped(layer)
+        logits = self.logits(masked_logits(self.proj(x), dropped))  # (B, T, n)
+        probs = self.probs(torch.softmax(logits.float(), dim=-1).type_as(logits))
+        forced = st.ablation.forced(layer)
+        k = min(self.k, n - len(dropped))
+        if forced is not None:
+            idx = torch.full((*logits.shape[:-1], 1), forced, dtype=torch.long, device=x.device)
+            w = torch.ones(idx.shape, dtype=logits.dtype, device=x.device)
+        else:
+            top, idx = probs.topk(k, dim=-1)  # (B, T, k)
+            w = top / top.sum(-1, keepdim=True)
+        if st.training:
+            # Switch-style balance: n * sum_i f_i * P_i is minimal (1) when routing is uniform
+            frac = F.one_hot(idx, n).sum(-2).float().flatten(0, -2).mean(0) / idx.shape[-1]
+            st.aux["load_balance"] = st.aux.get("load_balance", 0.0) + n * (frac * probs.flatten(0, -2).mean(0)).sum()
+        idx, w = self.indices(idx), self.weights(w)
+        dense = torch.zeros_like(probs).scatter(-1, idx, w)  # (B, T, n)
+        return Route(logits=logits, probs=probs, choice=idx[..., 0], weights=dense, indices=idx)

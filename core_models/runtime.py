@@ -1,0 +1,225 @@
+"""Per-call state: ablations, routing mode, KV cache and the active trace.
+
+One model instance serves every browser session at once, so nothing a call needs may live on a
+module. Each forward publishes its options in a ContextVar for its own duration; modules read it.
+ContextVars are per thread (and per asyncio task), so concurrent calls never see each other.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+ROUTING_MODES = ("deterministic", "sampled")
+ALL_LAYERS = "*"
+
+
+class AblationError(ValueError):
+    """An ablation names a layer or option the model does not have."""
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """Paths/blocks/experts to drop and routes to force, for one call.
+
+    `drop` holds (layer, option) pairs; layer is a routing layer's name (see
+    `model.routing_layers()`) or "*" for every layer. `force` holds (layer, option) pairs.
+    Hashable, so it can key caches.
+    """
+
+    drop: tuple[tuple[str, int], ...] = ()
+    force: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drop", tuple(sorted((str(l), int(o)) for l, o in self.drop)))
+        object.__setattr__(self, "force", tuple(sorted((str(l), int(o)) for l, o in self.force)))
+        forced = [l for l, _ in self.force]
+        if len(forced) != len(set(forced)):
+            raise AblationError(f"force: a layer is forced to two routes: {self.force}")
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.drop and not self.force
+
+    def dropped(self, layer: str) -> frozenset[int]:
+        return frozenset(o for l, o in self.drop if l == layer or l == ALL_LAYERS)
+
+    def forced(self, layer: str) -> int | None:
+        for l, o in self.force:
+            if l == layer or l == ALL_LAYERS:
+                return o
+        return None
+
+    @classmethod
+    def parse(cls, drop: list[str] | tuple[str, ...] = (), force: list[str] | tuple[str, ...] = ()) -> "Ablation":
+        """Parse CLI-style specs: "1" (option 1 everywhere), "parallel.0:1", "*:0"."""
+        return cls(drop=tuple(_parse_spec(s, "drop") for s in drop),
+                   force=tuple(_parse_spec(s, "force") for s in force))
+
+    def describe(self) -> str:
+        parts = [f"drop {l}:{o}" for l, o in self.drop] + [f"force {l}:{o}" for l, o in self.force]
+        return ", ".join(parts) if parts else "none"
+
+    def validate(self, layers: dict[str, int]) -> None:
+        """Check against {layer name: number of options}; raise naming every bad entry."""
+        bad = []
+        for kind, pairs in (("drop", self.drop), ("force", self.force)):
+            for l, o in pairs:
+                if l != ALL_LAYERS and l not in layers:
+                    bad.append(f"{kind} {l}:{o}: no routing layer {l!r} (layers: {', '.join(layers) or 'none'})")
+                    continue
+                n = min(layers.values()) if l == ALL_LAYERS and layers else layers.get(l, 0)
+                if not 0 <= o < n:
+                    bad.append(f"{kind} {l}:{o}: option {o} out of range 0..{n - 1}")
+        for l, n in layers.items():
+            if len(self.dropped(l)) >= n:
+                bad.append(f"drop: every option of layer {l!r} is dropped; at least one must remain")
+        if bad:
+            raise AblationError("invalid ablation: " + "; ".join(bad))
+
+
+_SPEC = re.compile(r"^\s*(?:(?P<layer>[\w.*]+)\s*:\s*)?(?P<option>\d+)\s*$")
+
+
+def _parse_spec(spec: str, kind: str) -> tuple[str, int]:
+    m = _SPEC.match(str(spec))
+    if not m:
+        raise AblationError(f"{kind} spec {spec!r}: expected OPTION or LAYER:OPTION, e.g. '1' or 'parallel.0:1'")
+    return (m["layer"] or ALL_LAYERS, int(m["option"]))
+
+
+NO_ABLATION = Ablation()
+
+
+class KVCache:
+    """Keys/values per attention layer, preallocated to the context length (no per-step concat)."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.k: list[torch.Tensor | None] = [None] * n_layers
+        self.v: list[torch.Tensor | None] = [None] * n_layers
+        self.lengths = [0] * n_layers
+        self.pos = 0  # tokens already consumed by the model (position offset of the next call)
+        self.extra: dict[str, torch.Tensor] = {}  # family state (e.g. running sums), keyed by site name
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # k, v: (B, H, T, hd) -> all keys so far (B, H, L + T, hd), views into the buffer
+        B, H, T, hd = k.shape
+        if self.k[layer] is None:
+            self.k[layer] = k.new_empty(B, H, capacity, hd)
+            self.v[layer] = v.new_empty(B, H, capacity, hd)
+        start = self.lengths[layer]
+        if start + T > capacity:
+            raise ValueError(f"KV cache full: {start} + {T} tokens exceed the context length {capacity}")
+        self.k[layer][:, :, start:start + T] = k
+        self.v[layer][:, :, start:start + T] = v
+        self.lengths[layer] = start + T
+        return self.k[layer][:, :, :start + T], self.v[layer][:, :, :start + T]
+
+
+@dataclass
+class RunState:
+    """Everything one forward call needs beyond its input ids."""
+
+    ablation: Ablation = NO_ABLATION
+    routing: str = "deterministic"  # Gumbel mode at inference: noise-free argmax or seeded sample
+    generator: torch.Generator | None = None
+    cache: KVCache | None = None
+    training: bool = False
+    pad_mask: torch.Tensor | None = None  # (B, T) True where the token is padding (keys masked)
+    atm: bool | None = None  # Wiola token merging: None = model default
+    atm_tau: float | None = None
+    aux: dict[str, torch.Tensor] = field(default_factory=dict)  # auxiliary losses collected per call
+
+
+_RUN: ContextVar[RunState | None] = ContextVar("routescope_run", default=None)
+_DEFAULT = RunState()
+
+
+def current() -> RunState:
+    """The state of the call in progress (defaults outside any call)."""
+    st = _RUN.get()
+    return st if st is not None else _DEFAULT
+
+
+@contextlib.contextmanager
+def running(state: RunState) -> Iterator[RunState]:
+    token = _RUN.set(state)
+    try:
+        yield state
+    finally:
+        _RUN.reset(token)
+
+
+# --- tracing ---------------------------------------------------------------------------------
+
+SiteEdit = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Trace:
+    """Tensors recorded at routing sites during the calls made inside `tracing(...)`.
+
+    Each visit stores a detached copy. Calls made during generation append one record per
+    step; `trace[name]` concatenates records of sites with a position axis along that axis.
+    """
+
+    def __init__(self, sites: list[str] | tuple[str, ...] | None = None,
+                 edits: dict[str, SiteEdit] | None = None) -> None:
+        self.wanted = None if sites is None else frozenset(sites)
+        self.edits = dict(edits or {})
+        self.records: dict[str, list[torch.Tensor]] = {}
+        self.pos_axis: dict[str, int | None] = {}
+        self.shapes: dict[str, str] = {}
+
+    def wants(self, name: str) -> bool:
+        return self.wanted is None or name in self.wanted or name in self.edits
+
+    def visit(self, name: str, x: torch.Tensor, pos_axis: int | None, shape: str) -> torch.Tensor:
+        edit = self.edits.get(name)
+        if edit is not None:
+            x = edit(x)
+        if self.wanted is None or name in self.wanted:
+            self.records.setdefault(name, []).append(x.detach().clone())
+            self.pos_axis[name] = pos_axis
+            self.shapes[name] = shape
+        return x
+
+    def names(self) -> list[str]:
+        return list(self.records)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.records
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        recs = self.records[name]
+        if len(recs) == 1:
+            return recs[0]
+        axis = self.pos_axis[name]
+        if axis is None:
+            return recs[-1]  # position-free sites (e.g. learned weights) repeat per step
+        return torch.cat(recs, dim=axis)
+
+    def steps(self, name: str) -> list[torch.Tensor]:
+        return list(self.records[name])
+
+
+_TRACE: ContextVar[Trace | None] = ContextVar("routescope_trace", default=None)
+
+
+@contextlib.contextmanager
+def tracing(sites: list[str] | tuple[str, ...] | None = None,
+            edits: dict[str, SiteEdit] | None = None) -> Iterator[Trace]:
+    """Record the named sites (None = all) of every forward in this context, in this thread."""
+    tr = Trace(sites, edits)
+    token = _TRACE.set(tr)
+    try:
+        yield tr
+    finally:
+        _TRACE.reset(token)
+
+
+def active_trace() -> Trace | None:
+    return _TRACE.get()

@@ -1,0 +1,128 @@
+"""Behaviour every family shares: shapes, parameter formulas, causality, KV cache, trace sites."""
+import json
+import re
+
+import pytest
+import torch
+
+from core_models import ConfigError, InputError, build_model, config_from_dict, param_count, tracing
+
+from tiny_models import TINY, tiny_model
+
+
+def test_output_shape_and_param_formula(family_model):
+    _, model = family_model
+    out = model(torch.randint(0, 97, (2, 11)))
+    assert out.logits.shape == (2, 11, 97)
+    assert param_count(model.config) == sum(p.numel() for p in model.parameters())
+
+
+def test_causality(family_model):
+    _, model = family_model
+    a = torch.randint(0, 97, (1, 20))
+    b = a.clone()
+    b[0, 12:] = torch.randint(0, 97, (8,))
+    la, lb = model(a).logits, model(b).logits
+    torch.testing.assert_close(la[:, :12], lb[:, :12], atol=1e-6, rtol=0)
+    assert not torch.allclose(la[:, 12:], lb[:, 12:])
+
+
+def test_cached_decoding_matches_full_recompute(family_model):
+    _, model = family_model
+    seq = torch.randint(0, 97, (1, 40))
+    full = model(seq).logits
+    cache = model.new_cache()
+    parts = [model(seq[:, :8], cache=cache).logits]
+    for t in range(8, 40):  # 32 single-token steps
+        parts.append(model(seq[:, t:t + 1], cache=cache).logits)
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-4, rtol=0)
+
+
+def _dims(shape_doc: str) -> list[str]:
+    inside = re.match(r"\[(.*?)\]", shape_doc).group(1).strip()
+    return [d.strip() for d in inside.split(",")] if inside else []
+
+
+def test_trace_records_every_site_with_documented_shape(family_model):
+    _, model = family_model
+    B, T = 2, 9
+    with tracing() as tr:
+        model(torch.randint(0, 97, (B, T)))
+    assert set(tr.names()) == set(model.site_names())
+    for name, doc in model.site_shapes().items():
+        dims, t = _dims(doc), tr[name]
+        assert t.dim() == len(dims), (name, doc, tuple(t.shape))
+        for size, dim in zip(t.shape, dims):
+            if dim == "batch":
+                assert size == B, name
+            if dim == "pos":
+                assert size == T, name
+
+
+def test_trace_records_only_requested_sites_and_nothing_when_idle(family_model):
+    _, model = family_model
+    idx = torch.randint(0, 97, (1, 6))
+    names = model.site_names()[:1]
+    with tracing(names) as tr:
+        model(idx)
+    assert tr.names() == names
+    plain = model(idx).logits  # outside any trace: still the same function
+    with tracing() as tr2:
+        traced = model(idx).logits
+    torch.testing.assert_close(plain, traced, atol=0, rtol=0)
+
+
+def test_config_json_round_trip(family_model):
+    _, model = family_model
+    d = json.loads(json.dumps(model.config.to_dict()))
+    assert config_from_dict(d) == model.config
+
+
+@pytest.mark.parametrize("key,field,value", [
+    ("llama", "n_heads", 3), ("llama", "ffn", "relu"), ("share_linear", "n_paths", 1),
+    ("share_linear", "combiner", "mystery"), ("pgpt", "n_layers", 3), ("pgpt_sigmoid", "n_paths", 3),
+    ("llama", "d_model", "wide"),
+])
+def test_bad_config_field_is_named(key, field, value):
+    d = tiny_model(key).config.to_dict()
+    d[field] = value
+    with pytest.raises(ConfigError, match=field):
+        config_from_dict(d)
+
+
+def test_unknown_and_missing_config_fields_are_named():
+    d = tiny_model("llama").config.to_dict()
+    with pytest.raises(ConfigError, match="wingspan"):
+        config_from_dict({**d, "wingspan": 3})
+    with pytest.raises(ConfigError, match="family"):
+        config_from_dict({k: v for k, v in d.items() if k != "family"})
+    with pytest.raises(ConfigError, match="unknown"):
+        config_from_dict({**d, "family": "transformer-xxl"})
+
+
+def test_bad_input_is_named():
+    model = tiny_model("pgpt")
+    with pytest.raises(InputError, match="empty"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(InputError, match="97"):
+        model(torch.tensor([[3, 97]]))
+    with pytest.raises(InputError, match="-1"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(InputError, match="context"):
+        model(torch.zeros(1, 49, dtype=torch.long))
+
+
+def test_pagmlp_starts_balanced_and_costs_what_swiglu_costs():
+    p = build_model(TINY_cfg("pagmlp"))
+    s = build_model(TINY_cfg("llama"))
+    assert sum(x.numel() for x in p.parameters()) == sum(x.numel() for x in s.parameters()) + 2 * 2
+    with tracing() as tr:
+        p(torch.randint(0, 97, (1, 4)))
+    assert float(tr["blocks.0.ffn.alpha_site"]) == pytest.approx(0.5)
+    assert float(tr["blocks.0.ffn.beta_site"]) == pytest.approx(0.5)
+
+
+def TINY_cfg(key):
+    from core_models import from_name
+    preset, over = TINY[key]
+    return from_name(preset, **over)
