@@ -101,7 +101,8 @@ class TopKRouter(nn.Module):
             idx = torch.full((*logits.shape[:-1], 1), forced, dtype=torch.long, device=x.device)
             w = torch.ones(idx.shape, dtype=logits.dtype, device=x.device)
         else:
-            top, idx = probs.topk(k, dim=-1)  # (B, T, k)
+            idx = logits.topk(k, dim=-1).indices  # (B, T, k); logits, so dropped (-inf) never tie
+            top = probs.gather(-1, idx)
             w = top / top.sum(-1, keepdim=True)
         if st.training:
             # Switch-style balance: n * sum_i f_i * P_i is minimal (1) when routing is uniform

@@ -76,6 +76,8 @@ class Ablation:
                 if not 0 <= o < n:
                     bad.append(f"{kind} {l}:{o}: option {o} out of range 0..{n - 1}")
         for l, n in layers.items():
+            if self.forced(l) is not None and self.forced(l) in self.dropped(l):
+                bad.append(f"layer {l!r}: option {self.forced(l)} is both forced and dropped")
             if len(self.dropped(l)) >= n:
                 bad.append(f"drop: every option of layer {l!r} is dropped; at least one must remain")
         if bad:
@@ -194,6 +196,8 @@ class Trace:
         return name in self.records
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.records:
+            raise KeyError(f"site {name!r} was not recorded; recorded: {', '.join(self.records) or 'none'}")
         recs = self.records[name]
         if len(recs) == 1:
             return recs[0]

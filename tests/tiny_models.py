@@ -18,6 +18,10 @@ TINY = {
     "pgpt_sigmoid": ("pgpt-sigmoid", dict(vocab_size=97, d_model=32, n_layers=2, n_heads=2, context=48)),
     "lgpt": ("lgpt", dict(vocab_size=97, d_model=32, n_layers=4, n_heads=2, halve_every=2, context=48)),
     "cgpt": ("cgpt", dict(vocab_size=97, d_model=32, n_layers=4, n_heads=2, halve_every=2, context=48)),
+    "moep": ("moep", dict(vocab_size=97, d_model=32, d_par=16, n_heads=2, n_par_heads=1, n_blocks=3, top_k=2,
+                          n_experts=3, expert_top_k=2, context=48)),
+    "moep_swiglu": ("moep-swiglu", dict(vocab_size=97, d_model=32, d_par=16, n_heads=2, n_par_heads=1, n_blocks=4,
+                                        top_k=1, n_experts=4, expert_top_k=1, context=48)),
 }
 
 

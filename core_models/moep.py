@@ -1,0 +1,266 @@
+"""MoEP: a mixture of parallel blocks between token-level mixture-of-experts width changes.
+
+embed (wte + wpe) -> n_pre blocks (d) -> moe_shrink: top-k of E experts d -> d'
+      -> N parallel layers: x + sum_{j in topk} w_j * block_j(x), P blocks of width d'
+      -> moe_grow: top-k of E experts d' -> d -> n_post blocks (d) -> ln_f -> head (tied to wte)
+
+Blocks are GPT-2 style (LayerNorm, exact-GELU MLP, learned positions, no RoPE). Every router is a
+`TopKRouter`: softmax over its options, the k best kept, their weights renormalised to sum to 1.
+An expert only sees the tokens that selected it (gather, then `index_add_`). A parallel block is
+causal attention over the whole sequence, so it runs on all tokens; without a KV cache it is
+skipped when no token of the batch selected it (its weight is 0 everywhere, so the result is the
+same). With a KV cache every non-dropped block runs on every call, so its cache stays complete.
+The shrink/grow layers change width and have no residual; parallel layers keep d' and do.
+
+Routing layers (names for `Ablation` and `routing_layers()`): "moe_shrink" and "moe_grow"
+(options = n_experts experts), "parallel.{i}" (options = n_blocks blocks).
+Ablation semantics:
+- drop j: its router logit is -inf, so it is never selected and never computed (also not with
+  a cache); top-k picks among the rest, k shrinking to the number left if fewer remain.
+- force j: every token routes to j alone with weight 1 (other experts never run; other parallel
+  blocks run only with a cache, at weight 0).
+Keep one ablation for a whole cached generation: a block dropped in some steps only would miss
+those positions in its KV cache.
+
+Sites (besides each router's logits / probs / indices / weights):
+  moe_shrink.out [batch, pos, d_par], moe_grow.out [batch, pos, d_model],
+  parallel.{i}.blocks.{j}.out [batch, pos, d_par] (fires only when block j runs),
+  parallel.{i}.combined [batch, pos, d_par] (weighted block sum), parallel.{i}.out [batch, pos, d_par].
+
+active_params() = num_params - N * (P - top_k) * block(d')
+                             - (E - expert_top_k) * (expert(d -> d') + expert(d' -> d)):
+everything (embeddings, routers, norms, full blocks) except the blocks/experts a token skips.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import runtime
+from .base import RouteScopeLM
+from .config import BaseConfig
+from .layers import Block, BlockSpec, init_weights, scaled_residual_init
+from .pgpt import GPTEmbedding
+from .routers import TopKRouter
+from .sites import Site
+
+EXPERTS = ("linear", "swiglu")
+
+
+@dataclass(frozen=True)
+class MoEPConfig(BaseConfig):
+    family = "moep"
+    vocab_size: int = 4096
+    d_model: int = 128  # d_L: width of the full layers
+    d_par: int = 64  # d_P: width of every parallel block
+    n_heads: int = 4
+    n_par_heads: int = 2
+    n_pre: int = 1
+    n_post: int = 1
+    n_parallel_layers: int = 2  # N
+    n_blocks: int = 4  # P blocks per parallel layer
+    top_k: int = 2  # blocks per token in a parallel layer
+    n_experts: int = 4  # E experts in moe_shrink and in moe_grow
+    expert_top_k: int = 2
+    expert: str = "linear"  # linear: one Linear; swiglu: down(silu(gate(x)) * up(x))
+    expert_hidden: int = 0  # swiglu experts' hidden width; 0: d_par
+    context: int = 256
+    tie_embeddings: bool = True
+    aux_lambda: float = 0.01
+    ln_bias: bool = False
+    gelu_approx: str = "none"
+
+    def validate(self) -> None:
+        self.positive("vocab_size", "d_model", "d_par", "n_heads", "n_par_heads", "n_parallel_layers",
+                      "n_blocks", "top_k", "n_experts", "expert_top_k", "context")
+        self.require(self.n_pre >= 0, "n_pre", "must be >= 0")
+        self.require(self.n_post >= 0, "n_post", "must be >= 0")
+        self.require(self.top_k <= self.n_blocks, "top_k", f"must be <= n_blocks ({self.n_blocks})")
+        self.require(self.expert_top_k <= self.n_experts, "expert_top_k", f"must be <= n_experts ({self.n_experts})")
+        for f, d, h in (("n_heads", self.d_model, self.n_heads), ("n_par_heads", self.d_par, self.n_par_heads)):
+            self.require(d % h == 0, f, f"must divide width {d} into whole head dims")
+        self.one_of("expert", EXPERTS)
+        self.require(self.expert_hidden >= 0, "expert_hidden", "must be >= 0 (0: d_par)")
+        self.require(self.aux_lambda >= 0, "aux_lambda", "must be >= 0")
+        self.one_of("gelu_approx", ("none", "tanh"))
+
+    def spec(self, dim: int, heads: int) -> BlockSpec:
+        return BlockSpec(dim=dim, n_heads=heads, n_kv_heads=heads, ffn="gelu", ffn_hidden=4 * dim, norm="layer",
+                         norm_eps=1e-5, norm_bias=self.ln_bias, rope="none", context=self.context,
+                         gelu_approx=self.gelu_approx)
+
+    @property
+    def hidden(self) -> int:
+        return self.expert_hidden or self.d_par
+
+
+# --- experts and the MoE width change -----------------------------------------------------------
+
+class SwiGLUExpert(nn.Module):
+    """down(silu(gate(x)) * up(x)), in_dim -> hidden -> out_dim."""
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(in_dim, hidden, bias=False)
+        self.up = nn.Linear(in_dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, out_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))  # (n, in) -> (n, out)
+
+
+def make_expert(c: MoEPConfig, in_dim: int, out_dim: int) -> nn.Module:
+    if c.expert == "swiglu":
+        return SwiGLUExpert(in_dim, c.hidden, out_dim)
+    return nn.Linear(in_dim, out_dim, bias=False)
+
+
+class MoE(nn.Module):
+    """Token-level top-k mixture of E experts in_dim -> out_dim; each expert sees only its tokens."""
+
+    def __init__(self, c: MoEPConfig, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.out_dim = out_dim
+        # pre-norm like every GPT-2 sublayer: without it the signal through two multiplicative
+        # (SwiGLU) width changes with no residual shrinks to ~1e-11 at init
+        self.norm = nn.LayerNorm(in_dim, eps=1e-5, bias=c.ln_bias)
+        self.router = TopKRouter(in_dim, c.n_experts, c.expert_top_k)
+        self.experts = nn.ModuleList(make_expert(c, in_dim, out_dim) for _ in range(c.n_experts))
+        self.out = Site(f"[batch, pos, {out_dim}] weighted sum of the selected experts' outputs")
+        self.name = ""  # routing-layer name, set by the model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        x = self.norm(x)
+        route = self.router(x, self.name)
+        dropped = runtime.current().ablation.dropped(self.name)
+        flat = x.reshape(B * T, C)  # (N, in)
+        sel = route.indices.reshape(B * T, -1)  # (N, k)
+        gate = route.weights.reshape(B * T, -1)  # (N, E), 0 where unselected
+        y = x.new_zeros(B * T, self.out_dim)  # (N, out)
+        for e, expert in enumerate(self.experts):
+            if e in dropped:
+                continue  # never computed (only reachable by forcing a dropped expert)
+            tok = (sel == e).any(-1).nonzero().squeeze(-1)  # (n_e,) tokens that chose e
+            if tok.numel():
+                y.index_add_(0, tok, gate[tok, e, None] * expert(flat[tok]))  # (n_e, out)
+        return self.out(y.view(B, T, self.out_dim))
+
+
+# --- parallel layers --------------------------------------------------------------------------
+
+class ParallelBlock(Block):
+    """A full GPT-2 block at width d'; `out` records its output."""
+
+    def __init__(self, spec: BlockSpec) -> None:
+        super().__init__(spec)
+        self.out = Site("[batch, pos, d_par] output of this block (all tokens)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(super().forward(x))  # (B, T, d')
+
+
+class ParallelLayer(nn.Module):
+    """x + sum over the top-k blocks of weight * block(x), chosen per token by a TopKRouter."""
+
+    def __init__(self, c: MoEPConfig) -> None:
+        super().__init__()
+        self.router = TopKRouter(c.d_par, c.n_blocks, c.top_k)
+        self.blocks = nn.ModuleList(ParallelBlock(c.spec(c.d_par, c.n_par_heads)) for _ in range(c.n_blocks))
+        self.combined = Site("[batch, pos, d_par] weighted sum of the selected blocks' outputs (before the residual)")
+        self.out = Site("[batch, pos, d_par] layer output: input + combined")
+        self.name = ""  # routing-layer name, set by the model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        st = runtime.current()
+        route = self.router(x, self.name)  # weights: (B, T, P), 0 where unselected
+        dropped = st.ablation.dropped(self.name)
+        if st.cache is not None:  # every block must see every position to keep its cache whole
+            run = range(len(self.blocks))
+        else:  # blocks no token selected would only be multiplied by 0
+            run = sorted(set(route.indices.unique().tolist()))
+        y = torch.zeros_like(x)  # (B, T, d')
+        for j in run:
+            if j not in dropped:
+                y = y + route.weights[..., j:j + 1] * self.blocks[j](x)
+        return self.out(x + self.combined(y))
+
+
+# --- the model --------------------------------------------------------------------------------
+
+class MoEP(RouteScopeLM):
+    def __init__(self, config: MoEPConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.context, self.vocab_size = c.context, c.vocab_size
+        self.embed = GPTEmbedding(c.vocab_size, c.context, c.d_model)
+        self.pre = nn.ModuleList(Block(c.spec(c.d_model, c.n_heads)) for _ in range(c.n_pre))
+        self.moe_shrink = MoE(c, c.d_model, c.d_par)
+        self.parallel = nn.ModuleList(ParallelLayer(c) for _ in range(c.n_parallel_layers))
+        self.moe_grow = MoE(c, c.d_par, c.d_model)
+        self.post = nn.ModuleList(Block(c.spec(c.d_model, c.n_heads)) for _ in range(c.n_post))
+        self.ln_f = nn.LayerNorm(c.d_model, eps=1e-5, bias=c.ln_bias)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        init_weights(self)
+        scaled_residual_init(self, c.n_pre + c.n_parallel_layers + c.n_post)  # blocks along a token's path
+        if c.tie_embeddings:
+            self.head.weight = self.embed.wte.weight
+        self.moe_shrink.name, self.moe_grow.name = "moe_shrink", "moe_grow"
+        for i, layer in enumerate(self.parallel):
+            layer.name = f"parallel.{i}"
+        self._finalize()
+
+    def routing_layers(self) -> dict[str, int]:
+        c = self.config
+        return {"moe_shrink": c.n_experts, **{f"parallel.{i}": c.n_blocks for i in range(c.n_parallel_layers)},
+                "moe_grow": c.n_experts}
+
+    def aux_weights(self) -> dict[str, float]:
+        return {"load_balance": self.config.aux_lambda}
+
+    def active_params(self) -> int:
+        """Parameters used per token: all but the (P - top_k) unchosen blocks of each parallel
+        layer and the (E - expert_top_k) unchosen experts of moe_shrink and moe_grow."""
+        return moep_active_param_count(self.config)
+
+    def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)  # (B, T, d)
+        for block in self.pre:
+            x = block(x)
+        x = self.moe_shrink(x)  # (B, T, d')
+        for layer in self.parallel:
+            x = layer(x)
+        x = self.moe_grow(x)  # (B, T, d)
+        for block in self.post:
+            x = block(x)
+        return self.head(self.ln_f(x))  # (B, T, V)
+
+
+# --- parameter counts -------------------------------------------------------------------------
+
+def _block(c: MoEPConfig, w: int) -> int:
+    return 12 * w * w + (4 if c.ln_bias else 2) * w  # qkv 3w^2, proj w^2, MLP 8w^2, two LayerNorms
+
+
+def _expert(c: MoEPConfig, a: int, b: int) -> int:
+    return 2 * a * c.hidden + c.hidden * b if c.expert == "swiglu" else a * b
+
+
+def moep_param_count(c: MoEPConfig) -> int:
+    """Closed form of sum(p.numel()) for a MoEP built from `c` (tied weights once)."""
+    d, dp, E = c.d_model, c.d_par, c.n_experts
+    total = c.vocab_size * d * (1 if c.tie_embeddings else 2) + c.context * d  # wte (+ head), wpe
+    total += (c.n_pre + c.n_post) * _block(c, d) + (2 if c.ln_bias else 1) * d  # full blocks, ln_f
+    total += d * E + E * _expert(c, d, dp) + dp * E + E * _expert(c, dp, d)  # shrink, grow (routers, experts)
+    total += (d + dp) * (2 if c.ln_bias else 1)  # shrink/grow input norms
+    total += c.n_parallel_layers * (dp * c.n_blocks + c.n_blocks * _block(c, dp))  # router, P blocks
+    return total
+
+
+def moep_active_param_count(c: MoEPConfig) -> int:
+    unused_blocks = c.n_parallel_layers * (c.n_blocks - c.top_k) * _block(c, c.d_par)
+    unused_experts = (c.n_experts - c.expert_top_k) * (_expert(c, c.d_model, c.d_par) + _expert(c, c.d_par, c.d_model))
+    return moep_param_count(c) - unused_blocks - unused_experts
