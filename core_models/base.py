@@ -1,5 +1,5 @@
 """What every family's model shares: the per-call entry point, site naming, cache set-up and
-parameter counts. Families implement `_forward(idx) -> hidden states` and `head`."""
+parameter counts. Families implement `_forward(idx) -> logits` and, where they route, `routing_layers()`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -109,6 +109,7 @@ class ParallelLayer(nn.Module):
             self.combine = nn.Linear(k * dp, dp, bias=c.router_bias)
             router_in = dp if c.combiner == "gumbel_v1" else k * dp
             self.router = GumbelRouter(router_in, k + 1, bias=c.router_bias, tau=c.gumbel_tau)
+            self.routed = Site("[batch, pos, d_par] router-weighted sum of the candidates (before grow)")
         self.combined = Site("[batch, pos, d_par] combined representation (Share-Linear: the layer output)")
         self.grow = nn.Linear(dp, c.d_model, bias=False) if grow else None
         self.out = Site("[batch, pos, width] layer output as passed on (after grow in the last layer)")
@@ -127,7 +128,7 @@ class ParallelLayer(nn.Module):
         else:
             route = self.router(comb if self.combiner == "gumbel_v1" else cat, self.name)
             cands = torch.stack(outs + [comb], dim=-2)  # (B, T, k+1, d')
-            y = (route.weights.unsqueeze(-1) * cands).sum(-2)  # (B, T, d')
+            y = self.routed((route.weights.unsqueeze(-1) * cands).sum(-2))  # (B, T, d')
         if self.residual:
             y = y + x
         if self.grow is not None:

@@ -38,6 +38,7 @@ class PGPTConfig(BaseConfig):
     mix: str = "softmax"  # softmax(w) over paths, or sigmoid(wt) / 1 - sigmoid(wt) for 2 paths
     pre_proj_bias: bool = True
     ln_bias: bool = False
+    linear_bias: bool = False  # biases in the blocks' linears (GPTConfig.bias)
     gelu_approx: str = "none"
     tie_embeddings: bool = True
 
@@ -55,7 +56,7 @@ class PGPTConfig(BaseConfig):
         heads = self.n_heads * dim // self.d_model
         return BlockSpec(dim=dim, n_heads=heads, n_kv_heads=heads, ffn="gelu", ffn_hidden=4 * dim, norm="layer",
                          norm_eps=1e-5, norm_bias=self.ln_bias, rope="none", context=self.context,
-                         gelu_approx=self.gelu_approx)
+                         linear_bias=self.linear_bias, gelu_approx=self.gelu_approx)
 
 
 class GPTEmbedding(nn.Module):
@@ -144,7 +145,7 @@ class PGPT(RouteScopeLM):
 
 def pgpt_param_count(c: PGPTConfig) -> int:
     d = c.d_model
-    block = 4 * d * d + 8 * d * d + (4 if c.ln_bias else 2) * d
+    block = 4 * d * d + 8 * d * d + (4 if c.ln_bias else 2) * d + (9 * d if c.linear_bias else 0)
     path = d * d + (d if c.pre_proj_bias else 0) + (c.n_layers // c.n_paths) * block
     emb = c.vocab_size * d * (1 if c.tie_embeddings else 2) + c.context * d
     mix = 1 if c.mix == "sigmoid" else c.n_paths

@@ -22,6 +22,7 @@ TINY = {
                           n_experts=3, expert_top_k=2, context=48)),
     "moep_swiglu": ("moep-swiglu", dict(vocab_size=97, d_model=32, d_par=16, n_heads=2, n_par_heads=1, n_blocks=4,
                                         top_k=1, n_experts=4, expert_top_k=1, context=48)),
+    "wiola": ("wiola-tiny", dict(vocab_size=97, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, context=48)),
 }
 
 

@@ -1,0 +1,317 @@
+"""Wiola (Chowdhury, Shaik, Bhargavi & Kumar, 2026, arXiv:2607.01394): a small LM built from SRPE,
+GCLA, ATM, DSFF and WiolaRMSNorm (parts in `wiola_parts.py`).
+
+embed -> n blocks -> WiolaRMSNorm -> head (tied to the embedding)
+block i:  h   = x + GCLA_i(norm_1(x), summaries of the outputs of blocks i-Lambda .. i-1)
+          out = h + DSFF_i(norm_2(h))
+
+GCLA (gated cross-layer attention): self-attention (GQA, SRPE on Q and K, KV cache) plus a
+cross-attention whose keys/values at position t are the Lambda = 2 summary vectors at t of the
+previous blocks' outputs; summary_j[t] = mean(out_j[0..t]), a causal running mean (block 1 sees one
+summary, block 0 none and has no cross-attention). Blend out = (1 - beta) sa + beta ca with
+beta = sigmoid(phi), phi a learned scalar per block (init -3); then an output gate
+out = out * sigmoid(W_g x), x the normalised block input. With a KV cache the running sums live in
+`cache.extra["blocks.{j}.gcla.running_sum"]` ((B, d), float32), so decoding equals recomputation.
+
+ATM (adaptive token merging), blocks n//3 .. 2n//3 - 1: before the block, adjacent tokens with
+cos(x_t, x_{t+1}) > tau are merged greedily left to right into non-overlapping pairs (mean of
+the pair); the block runs on the shorter sequence, each token of a group at the position of its
+group's first token (SRPE angle and causal order); the group's output is copied back to all its
+positions. Rows of a batch merge differently: merged rows are right-padded to the longest, and the
+padding groups (placed after every real group) cannot affect real ones under the causal mask.
+On in training, off at inference unless `atm_inference`; per call `forward(atm=..., atm_tau=...)`
+(None = these defaults). ATM leaks token t+1 into position t, so the model is causal only with
+ATM off. ATM and a KV cache exclude each other: `atm=True` with a cache raises ValueError (with
+atm=None the cache turns ATM off). Inside an ATM block, sites record merged groups:
+[batch, groups, ...] with rows padded to the most groups; `blocks.{i}.atm.merge_map` maps back.
+
+Ablations: routing layers `blocks.{i}.dsff`, options 0 = stream A, 1 = stream B (semantics in
+`DualStreamFFN`).
+
+Sites (per block i): attn.gcla_beta [] beta; attn.cross.weights [batch, pos, heads, n_prev];
+attn.out_gate [batch, pos, d]; dsff.gate / dsff.stream_a / dsff.stream_b [batch, pos, d];
+atm.hidden [batch, pos, d], atm.adjacent_cos [batch, pos-1], atm.merge_map [batch, pos] (ATM
+blocks, when merging is on); out [batch, pos, d] block output (full length).
+
+Presets: wiola-360m uses d = 1024, d_B = 4096 (Table IV: stream B 8,388,608 and fusion gate
+2,097,152 parameters per layer), d_A = d. Sizes the paper does not give here are our choice:
+d_A = d and d_B = 4d everywhere, head dim 64, vocabulary 32000, context 2048, and depths chosen so
+the totals come near the names (see `wiola_component_counts`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import registry, runtime
+from .base import RouteScopeLM
+from .config import BaseConfig
+from .layers import Attention, BlockSpec, attend, init_weights
+from .runtime import KVCache
+from .sites import Site
+from .wiola_parts import (SRPE, DualStreamFFN, TokenMerger, WiolaRMSNorm, first_positions, merge_groups,
+                          restore_groups)
+
+
+@dataclass(frozen=True)
+class WiolaConfig(BaseConfig):
+    family = "wiola"
+    vocab_size: int = 4096
+    d_model: int = 128
+    n_layers: int = 6
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_a: int = 0  # DSFF stream A (SwiGLU) hidden width; 0: d_model
+    d_b: int = 0  # DSFF stream B (GELU MLP) hidden width; 0: 4 * d_model
+    context: int = 256
+    srpe_k: int = 8  # helix phase groups
+    srpe_a: float = 0.1  # helix amplitude (radians)
+    srpe_f: float = 0.01  # helix frequency (turns per position)
+    gcla_lambda: int = 2  # previous layers each block cross-attends to (0: no cross-attention)
+    gcla_phi_init: float = -3.0  # beta = sigmoid(phi) starts at sigmoid(-3) ~ 0.047
+    atm_tau: float = 0.92  # merge adjacent tokens when cos > tau
+    atm_inference: bool = False  # merge at inference by default (training always merges)
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+
+    def validate(self) -> None:
+        self.positive("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context", "srpe_k")
+        self.require(self.d_model % self.n_heads == 0, "n_heads", f"must divide d_model ({self.d_model})")
+        self.require(self.n_heads % self.n_kv_heads == 0, "n_kv_heads", f"must divide n_heads ({self.n_heads})")
+        self.require((self.d_model // self.n_heads) % 2 == 0, "n_heads", "head dim must be even for SRPE")
+        self.require(self.d_a >= 0, "d_a", "must be >= 0 (0: d_model)")
+        self.require(self.d_b >= 0, "d_b", "must be >= 0 (0: 4 * d_model)")
+        self.require(math.isfinite(self.srpe_a) and self.srpe_a >= 0, "srpe_a", "must be finite and >= 0")
+        self.require(math.isfinite(self.srpe_f) and self.srpe_f >= 0, "srpe_f", "must be finite and >= 0")
+        self.require(self.gcla_lambda >= 0, "gcla_lambda", "must be >= 0")
+        self.require(math.isfinite(self.gcla_phi_init), "gcla_phi_init", "must be finite")
+        self.require(math.isfinite(self.atm_tau) and -1.0 <= self.atm_tau <= 1.0, "atm_tau",
+                     "must be a cosine threshold in [-1, 1]")
+        self.require(self.norm_eps > 0, "norm_eps", "must be > 0")
+
+    @property
+    def hidden_a(self) -> int:
+        return self.d_a or self.d_model
+
+    @property
+    def hidden_b(self) -> int:
+        return self.d_b or 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def atm_layers(self) -> range:
+        return range(self.n_layers // 3, 2 * self.n_layers // 3)
+
+    def spec(self) -> BlockSpec:
+        return BlockSpec(dim=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, rope="none",
+                         norm_eps=self.norm_eps, context=self.context)
+
+
+class WiolaAttention(Attention):
+    """Causal GQA self-attention with SRPE on Q and K, at explicit positions (ATM moves them)."""
+
+    def __init__(self, c: WiolaConfig) -> None:
+        super().__init__(c.spec())
+        self.srpe = SRPE(c.head_dim, c.context, c.srpe_k, c.srpe_a, c.srpe_f)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
+        # x: (B, T, d); positions: (B or 1, T) absolute positions
+        B, T, _ = x.shape
+        cache = runtime.current().cache
+        start = cache.pos if cache is not None else 0
+        q, k, v = self.qkv(x).split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
+        q = self.srpe(q.view(B, T, self.n_heads, self.hd).transpose(1, 2), positions)  # (B, H, T, hd)
+        k = self.srpe(k.view(B, T, self.n_kv, self.hd).transpose(1, 2), positions)  # (B, Hkv, T, hd)
+        v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.append(self.layer_id, k, v, self.context)
+        y = attend(q, k, v, start, pad_mask)  # (B, H, T, hd)
+        return self.proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
+
+
+class CrossLayerAttention(nn.Module):
+    """Per-position attention over the previous layers' summaries: at position t, query from x_t,
+    keys/values from the n_prev summary vectors at t (normalised). GQA head layout, no position."""
+
+    def __init__(self, c: WiolaConfig) -> None:
+        super().__init__()
+        d, self.n_heads, self.n_kv, self.hd = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
+        self.norm = WiolaRMSNorm(d, c.norm_eps)
+        self.q = nn.Linear(d, self.n_heads * self.hd, bias=False)
+        self.kv = nn.Linear(d, 2 * self.n_kv * self.hd, bias=False)
+        self.proj = nn.Linear(self.n_heads * self.hd, d, bias=False)
+        self.weights = Site("[batch, pos, heads, n_prev] attention weights over the previous layers' summaries")
+
+    def forward(self, x: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
+        # x: (B, T, d); summaries: (B, T, L, d), oldest layer first
+        B, T, L, _ = summaries.shape
+        q = self.q(x).view(B, T, self.n_heads, self.hd)  # (B, T, H, hd)
+        kv = self.kv(self.norm(summaries)).view(B, T, L, 2 * self.n_kv, self.hd)
+        k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=3) for t in kv.chunk(2, dim=3))  # (B, T, L, H, hd)
+        scores = torch.einsum("bthe,btlhe->bthl", q.float(), k.float()) / math.sqrt(self.hd)  # (B, T, H, L)
+        w = self.weights(scores.softmax(dim=-1))
+        y = torch.einsum("bthl,btlhe->bthe", w, v.float()).type_as(x)  # (B, T, H, hd)
+        return self.proj(y.reshape(B, T, self.n_heads * self.hd))
+
+
+class GatedCrossLayerAttention(nn.Module):
+    """GCLA: (1 - beta) * self_attn + beta * cross_attn, beta = sigmoid(phi); times sigmoid(W_g x)."""
+
+    def __init__(self, c: WiolaConfig, has_cross: bool) -> None:
+        super().__init__()
+        self.self_attn = WiolaAttention(c)
+        self.cross = CrossLayerAttention(c) if has_cross else None
+        self.phi = nn.Parameter(torch.tensor(float(c.gcla_phi_init))) if has_cross else None
+        self.gate = nn.Linear(c.d_model, c.d_model, bias=False)  # W_g
+        # block 0 has no earlier layer to attend to, hence no beta site
+        self.gcla_beta = Site("[] beta = sigmoid(phi), weight of the cross-layer attention",
+                              pos_axis=None) if has_cross else None
+        self.out_gate = Site("[batch, pos, d] output gate sigmoid(W_g x)")
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
+                pad_mask: torch.Tensor | None) -> torch.Tensor:
+        out = self.self_attn(x, positions, pad_mask)  # (B, T, d)
+        if self.cross is not None and summaries is not None:
+            beta = self.gcla_beta(torch.sigmoid(self.phi))  # ()
+            out = (1 - beta) * out + beta * self.cross(x, summaries)
+        return out * self.out_gate(torch.sigmoid(self.gate(x)))
+
+
+class WiolaBlock(nn.Module):
+    def __init__(self, c: WiolaConfig, i: int) -> None:
+        super().__init__()
+        self.norm_1 = WiolaRMSNorm(c.d_model, c.norm_eps)
+        self.attn = GatedCrossLayerAttention(c, has_cross=i > 0 and c.gcla_lambda > 0)
+        self.norm_2 = WiolaRMSNorm(c.d_model, c.norm_eps)
+        self.dsff = DualStreamFFN(c.d_model, c.hidden_a, c.hidden_b)
+        self.atm = TokenMerger() if i in c.atm_layers else None
+        self.out = Site("[batch, pos, d] block output (full length, after ATM restores it)")
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
+                pad_mask: torch.Tensor | None, atm_tau: float | None) -> torch.Tensor:
+        if self.atm is None or atm_tau is None:
+            return self.out(self._run(x, positions, summaries, pad_mask))
+        groups = self.atm(x, atm_tau)  # (B, T) group of each position
+        G = int(groups.max()) + 1  # longest merged row
+
+        def merged(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else merge_groups(t, groups, G)
+
+        pad = None if pad_mask is None else merged(pad_mask.to(x.dtype)) == 1  # a group is padding if all of it is
+        y = self._run(merged(x), first_positions(groups, G), merged(summaries), pad)  # (B, G, d)
+        return self.out(restore_groups(y, groups))  # (B, T, d)
+
+    def _run(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
+             pad_mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x), positions, summaries, pad_mask)  # (B, T, d)
+        return x + self.dsff(self.norm_2(x))
+
+
+class Wiola(RouteScopeLM):
+    def __init__(self, config: WiolaConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.context, self.vocab_size = c.context, c.vocab_size
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.blocks = nn.ModuleList(WiolaBlock(c, i) for i in range(c.n_layers))
+        self.norm = WiolaRMSNorm(c.d_model, c.norm_eps)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        init_weights(self)
+        residual_out = ("self_attn.proj.weight", "cross.proj.weight", "ffn_a.down.weight", "ffn_b.proj.weight")
+        for name, p in self.named_parameters():
+            if name.endswith(residual_out):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.n_layers))
+        if c.tie_embeddings:
+            self.head.weight = self.embed.weight
+        for i, block in enumerate(self.blocks):
+            block.dsff.routing_name = f"blocks.{i}.dsff"
+        self._finalize()
+
+    def routing_layers(self) -> dict[str, int]:
+        return {f"blocks.{i}.dsff": DualStreamFFN.n_options for i in range(self.config.n_layers)}
+
+    def atm_threshold(self) -> float | None:
+        """Merge threshold of the call in progress, or None when ATM is off for it."""
+        st, c = runtime.current(), self.config
+        if st.atm and st.cache is not None:
+            raise ValueError("ATM (adaptive token merging) cannot run with a KV cache: merging changes "
+                             "earlier positions; call with atm=False (or None) when decoding with a cache")
+        on = st.atm if st.atm is not None else (st.training or c.atm_inference)
+        if not on or st.cache is not None:
+            return None
+        tau = c.atm_tau if st.atm_tau is None else float(st.atm_tau)
+        if not math.isfinite(tau):
+            raise ValueError(f"atm_tau = {st.atm_tau!r}: must be a finite cosine threshold")
+        return tau
+
+    def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        st, c = runtime.current(), self.config
+        tau = self.atm_threshold()
+        B, T = idx.shape
+        start = st.cache.pos if st.cache is not None else 0
+        positions = torch.arange(start, start + T, device=idx.device)[None]  # (1, T)
+        x = self.embed(idx)  # (B, T, d)
+        prev: list[torch.Tensor] = []  # running-mean summaries of the last Lambda block outputs, (B, T, d)
+        for i, block in enumerate(self.blocks):
+            summaries = torch.stack(prev, dim=2) if prev and block.attn.cross is not None else None  # (B, T, L, d)
+            x = block(x, positions, summaries, st.pad_mask, tau)
+            if c.gcla_lambda and i < c.n_layers - 1:
+                prev = (prev + [self._summary(x, i, st.cache, start)])[-c.gcla_lambda:]
+        return self.head(self.norm(x)).float()  # (B, T, V)
+
+    @staticmethod
+    def _summary(h: torch.Tensor, i: int, cache: KVCache | None, start: int) -> torch.Tensor:
+        """Causal running mean over positions: s[t] = mean(h[0..t]), continued across cached calls."""
+        s = h.float().cumsum(dim=1)  # (B, T, d)
+        if cache is not None:
+            key = f"blocks.{i}.gcla.running_sum"
+            if key in cache.extra:
+                s = s + cache.extra[key][:, None]
+            cache.extra[key] = s[:, -1]  # (B, d)
+        n = torch.arange(start + 1, start + h.shape[1] + 1, device=h.device, dtype=torch.float32)
+        return (s / n[:, None]).type_as(h)
+
+
+def wiola_component_counts(c: WiolaConfig) -> dict[str, int]:
+    """Parameter counts per component: `layer.<part>` for one block that has cross-attention
+    (block 0 has no gcla_cross_attn / gcla_summary_norm / gcla_phi, nor does any block if
+    gcla_lambda = 0), `total.<part>` summed over blocks, the embedding, head (0 if tied), final
+    norm, and `total` (tied weights once; equals sum(p.numel()) of the built model)."""
+    d, V, hd = c.d_model, c.vocab_size, c.head_dim
+    q, kv = d * c.n_heads * hd, d * c.n_kv_heads * hd
+    layer = {
+        "attn_q": q, "attn_k": kv, "attn_v": kv, "attn_o": c.n_heads * hd * d,
+        "gcla_cross_attn": q + 2 * kv + c.n_heads * hd * d, "gcla_summary_norm": 2 * d, "gcla_phi": 1,
+        "gcla_gate": d * d,
+        "dsff_stream_a": 3 * d * c.hidden_a, "dsff_stream_b": 2 * d * c.hidden_b, "dsff_fusion_gate": 2 * d * d,
+        "norms": 4 * d,
+    }
+    n_cross = c.n_layers - 1 if c.gcla_lambda > 0 else 0
+    out = {f"layer.{k}": v for k, v in layer.items()}
+    for k, v in layer.items():
+        out[f"total.{k}"] = v * (n_cross if k in ("gcla_cross_attn", "gcla_summary_norm", "gcla_phi") else c.n_layers)
+    out.update(embedding=V * d, head=0 if c.tie_embeddings else V * d, final_norm=2 * d)
+    out["total"] = sum(out[f"total.{k}"] for k in layer) + out["embedding"] + out["head"] + out["final_norm"]
+    return out
+
+
+def wiola_param_count(c: WiolaConfig) -> int:
+    """Closed form of sum(p.numel()) for a Wiola built from `c`."""
+    return wiola_component_counts(c)["total"]
+
+
+_PAPER = dict(vocab_size=32000, context=2048)
+registry.register_presets({
+    "wiola-120m": ("wiola", dict(_PAPER, d_model=768, n_layers=8, n_heads=12, n_kv_heads=4)),
+    "wiola-360m": ("wiola", dict(_PAPER, d_model=1024, n_layers=16, n_heads=16, n_kv_heads=4, d_b=4096)),
+    "wiola-700m": ("wiola", dict(_PAPER, d_model=1536, n_layers=14, n_heads=24, n_kv_heads=8)),
+    "wiola-1.5b": ("wiola", dict(_PAPER, d_model=2048, n_layers=18, n_heads=32, n_kv_heads=8)),
+})
+
+__all__ = ["Wiola", "WiolaConfig", "wiola_component_counts", "wiola_param_count"]

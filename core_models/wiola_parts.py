@@ -1,0 +1,175 @@
+"""Parts of the Wiola family (see `wiola.py`): WiolaRMSNorm, SRPE, adaptive token merging (ATM)
+and the dual-stream feed-forward (DSFF). Ordered from parts to whole."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import runtime
+from .layers import MLP, SwiGLU
+from .sites import Site
+
+ROPE_BASE = 10000.0
+
+
+class WiolaRMSNorm(nn.Module):
+    """RMSNorm with a learned per-dimension offset applied before normalising:
+    y = w * (x + delta) / sqrt(mean((x + delta)^2) + eps); delta starts at 0, w at 1. Float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.delta = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = x.float() + self.delta.float()  # (..., d)
+        return F.rms_norm(z, self.weight.shape, self.weight.float(), self.eps).type_as(x)
+
+
+class SRPE(nn.Module):
+    """Spiral (helical) rotary position encoding, applied to queries and keys like RoPE.
+
+    Feature pair i (rotate-half pairing: i with i + hd/2, i = 0 .. hd/2 - 1) at absolute position
+    m is rotated by
+
+        angle(m, i) = m * theta_i + a_s * sin(2 pi f_s m + 2 pi (i mod k_s) / k_s),
+        theta_i = 10000^(-2i / hd),
+
+    i.e. the usual RoPE angle plus a helix: k_s phase groups of pairs, each winding with frequency
+    f_s (one turn every 1 / f_s = 100 positions at f_s = 0.01) and amplitude a_s radians. The
+    score of query m and key n in pair i turns by (m - n) theta_i + a_s [sin(.. m ..) - sin(.. n ..)]:
+    the relative RoPE term plus a bounded absolute term (|.| <= 2 a_s = 0.2 rad), so attention stays
+    relative-position friendly up to a small, smooth, deterministic perturbation. a_s = 0 is RoPE.
+    Tables cover 2 * context positions and are non-persistent buffers (never in checkpoints).
+    """
+
+    def __init__(self, head_dim: int, context: int, k_s: int = 8, a_s: float = 0.1, f_s: float = 0.01) -> None:
+        super().__init__()
+        half = head_dim // 2
+        i = torch.arange(half, dtype=torch.float32)
+        theta = ROPE_BASE ** (-2.0 * i / head_dim)  # (hd/2,)
+        phase = 2 * math.pi * torch.remainder(i, k_s) / k_s  # (hd/2,) helix phase group of each pair
+        m = torch.arange(2 * context, dtype=torch.float32)[:, None]  # (2C, 1)
+        angles = m * theta + a_s * torch.sin(2 * math.pi * f_s * m + phase)  # (2C, hd/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: (B, H, T, hd); positions: (B or 1, T) absolute int64 positions
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (B|1, 1, T, hd/2)
+        a, b = x.float().chunk(2, dim=-1)
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).type_as(x)
+
+
+# --- adaptive token merging --------------------------------------------------------------------
+
+def greedy_merge_map(cos: torch.Tensor, tau: float) -> torch.Tensor:
+    """(B, T-1) adjacent cosines -> (B, T) int64 group index per position.
+
+    Left to right, token t merges with t + 1 when cos[t] > tau and t is not already merged with
+    t - 1 (pairs never overlap). In a run of consecutive above-threshold edges the greedy scan
+    takes the 1st, 3rd, 5th ... edge, which is what this computes without a Python loop.
+    """
+    B, E = cos.shape
+    if E == 0:  # a single token: nothing to merge
+        return torch.zeros(B, 1, dtype=torch.long, device=cos.device)
+    above = cos > tau  # (B, T-1)
+    pos = torch.arange(E, device=cos.device).expand(B, E)
+    last_below = torch.where(above, torch.full_like(pos, -1), pos).cummax(dim=1).values
+    run = pos - last_below  # 1-based index of edge t within its run of above-threshold edges
+    picked = above & (run % 2 == 1)  # (B, T-1) t merges with t + 1
+    starts = torch.cat((torch.ones(B, 1, dtype=torch.bool, device=cos.device), ~picked), dim=1)  # (B, T)
+    return starts.long().cumsum(dim=1) - 1
+
+
+def merge_groups(t: torch.Tensor, groups: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Mean of t over each group: (B, T, *rest) -> (B, n_groups, *rest); missing groups are 0."""
+    B, T = groups.shape
+    idx = groups.view(B, T, *[1] * (t.dim() - 2)).expand_as(t)
+    total = t.new_zeros(B, n_groups, *t.shape[2:]).scatter_add(1, idx, t)
+    count = t.new_zeros(B, n_groups).scatter_add(1, groups, t.new_ones(B, T)).clamp(min=1)
+    return total / count.view(B, n_groups, *[1] * (t.dim() - 2))
+
+
+def restore_groups(t: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """(B, G, *rest) -> (B, T, *rest): every position gets its group's value."""
+    B, T = groups.shape
+    return t.gather(1, groups.view(B, T, *[1] * (t.dim() - 2)).expand(B, T, *t.shape[2:]))
+
+
+def first_positions(groups: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """(B, T) groups -> (B, G) position of the first token of each group (padding groups: T - 1)."""
+    B, T = groups.shape
+    pos = torch.arange(T, device=groups.device).expand(B, T)
+    return torch.full((B, n_groups), T - 1, dtype=torch.long, device=groups.device).scatter_reduce(
+        1, groups, pos, reduce="amin", include_self=False)
+
+
+class TokenMerger(nn.Module):
+    """ATM decision for one block: adjacent cosines of the block input and the greedy merge map.
+
+    Sites: `hidden` [batch, pos, d] the hidden states the cosines are computed from (the block
+    input), `adjacent_cos` [batch, pos-1] cos(x_t, x_{t+1}), `merge_map` [batch, pos] int64 group
+    index of every position (equal indices = merged). Recompute merges for any tau from `hidden`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = Site("[batch, pos, d] block input the ATM cosines are computed from")
+        self.adjacent_cos = Site("[batch, pos-1] cosine similarity of hidden states t and t+1")
+        self.merge_map = Site("[batch, pos] int64 group index of every position (same index = merged)")
+
+    def forward(self, x: torch.Tensor, tau: float) -> torch.Tensor:
+        x = self.hidden(x)  # (B, T, d)
+        cos = F.cosine_similarity(x[:, :-1].float(), x[:, 1:].float(), dim=-1, eps=1e-8)  # (B, T-1)
+        cos = self.adjacent_cos(cos)
+        return self.merge_map(greedy_merge_map(cos, tau))  # (B, T)
+
+
+# --- dual-stream feed-forward ------------------------------------------------------------------
+
+class DualStreamFFN(nn.Module):
+    """DSFF: stream A, a narrow SwiGLU (d -> d_A -> d); stream B, a wide GELU MLP (d -> d_B -> d);
+    fused per dimension: alpha = sigmoid(W_f [a; b]) (W_f: 2d -> d, no bias),
+    out = alpha * a + (1 - alpha) * b.
+
+    Routing layer `blocks.{i}.dsff`, options 0 = stream A, 1 = stream B. Dropping a stream skips
+    computing it (its module is never called, its site records nothing) and gives the other stream
+    weight 1: alpha is all ones (B dropped) or all zeros (A dropped), and the fusion gate is not
+    computed. Forcing a stream = dropping the other.
+
+    Sites: `gate` [batch, pos, d] alpha (the weight of stream A), `stream_a` / `stream_b`
+    [batch, pos, d] each stream's output.
+    """
+
+    n_options = 2
+
+    def __init__(self, dim: int, hidden_a: int, hidden_b: int) -> None:
+        super().__init__()
+        self.ffn_a = SwiGLU(dim, hidden_a)
+        self.ffn_b = MLP(dim, hidden_b)  # exact-erf GELU
+        self.fuse = nn.Linear(2 * dim, dim, bias=False)
+        self.stream_a = Site("[batch, pos, d] output of stream A (narrow SwiGLU)")
+        self.stream_b = Site("[batch, pos, d] output of stream B (wide GELU MLP)")
+        self.gate = Site("[batch, pos, d] fusion gate alpha, the per-dimension weight of stream A")
+        self.routing_name = ""  # set by the model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ab = runtime.current().ablation
+        forced, dropped = ab.forced(self.routing_name), ab.dropped(self.routing_name)
+        if forced is not None:
+            dropped = frozenset(range(self.n_options)) - {forced}
+        a = None if 0 in dropped else self.stream_a(self.ffn_a(x))  # (B, T, d)
+        b = None if 1 in dropped else self.stream_b(self.ffn_b(x))  # (B, T, d)
+        if b is None:
+            self.gate(torch.ones_like(a))
+            return a
+        if a is None:
+            self.gate(torch.zeros_like(b))
+            return b
+        alpha = self.gate(torch.sigmoid(self.fuse(torch.cat((a, b), dim=-1))))  # (B, T, d)
+        return alpha * a + (1 - alpha) * b

@@ -1,0 +1,307 @@
+"""Wiola family: shapes, parameter counts, presets, causality, cached decoding, ATM, DSFF, GCLA."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core_models import Ablation, ConfigError, tracing
+from core_models.layers import Rotary
+from core_models.registry import PRESETS, build_model, from_name
+from core_models.wiola import Wiola, WiolaConfig, wiola_component_counts, wiola_param_count
+from core_models.wiola_parts import SRPE, WiolaRMSNorm, greedy_merge_map
+
+TINY = dict(vocab_size=97, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, context=48)
+PAPER_PRESETS = ("wiola-120m", "wiola-360m", "wiola-700m", "wiola-1.5b")
+
+
+@pytest.fixture(scope="module")
+def model() -> Wiola:
+    torch.manual_seed(0)
+    return Wiola(WiolaConfig(**TINY)).eval()
+
+
+def ids(B: int, T: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, TINY["vocab_size"], (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_output_and_site_shapes(model):
+    B, T = 2, 20
+    with torch.no_grad(), tracing() as tr:
+        out = model(ids(B, T))
+    assert out.logits.shape == (B, T, TINY["vocab_size"])
+    d, H = TINY["d_model"], TINY["n_heads"]
+    for i in range(TINY["n_layers"]):
+        for s in ("gate", "stream_a", "stream_b"):
+            assert tr[f"blocks.{i}.dsff.{s}"].shape == (B, T, d)
+        assert tr[f"blocks.{i}.out"].shape == (B, T, d)
+        if i > 0:
+            assert tr[f"blocks.{i}.attn.gcla_beta"].shape == ()
+            assert tr[f"blocks.{i}.attn.cross.weights"].shape == (B, T, H, min(i, 2))
+    assert not any(".atm." in n for n in tr.names())  # ATM off at inference by default
+
+
+def test_param_count_formula():
+    variants = [dict(), dict(tie_embeddings=False), dict(d_a=48, d_b=80), dict(gcla_lambda=0), dict(n_kv_heads=4)]
+    for v in variants:
+        c = WiolaConfig(**{**TINY, **v})
+        assert Wiola(c).num_params() == wiola_param_count(c), v
+
+
+def _component_numels(m: Wiola) -> dict[str, int]:
+    """The same components, counted from the modules of a built model."""
+    n = lambda mod: sum(p.numel() for p in mod.parameters()) if mod is not None else 0  # noqa: E731
+    tot: dict[str, int] = {}
+    add = lambda k, v: tot.__setitem__(k, tot.get(k, 0) + v)  # noqa: E731
+    for b in m.blocks:
+        sa, hd = b.attn.self_attn, b.attn.self_attn.hd
+        add("attn_q", sa.n_heads * hd * sa.qkv.in_features)
+        add("attn_k", sa.n_kv * hd * sa.qkv.in_features)
+        add("attn_v", sa.n_kv * hd * sa.qkv.in_features)
+        add("attn_o", n(sa.proj))
+        cross = b.attn.cross
+        add("gcla_cross_attn", n(cross) - (n(cross.norm) if cross is not None else 0))
+        add("gcla_summary_norm", n(cross.norm) if cross is not None else 0)
+        add("gcla_phi", b.attn.phi.numel() if b.attn.phi is not None else 0)
+        add("gcla_gate", n(b.attn.gate))
+        add("dsff_stream_a", n(b.dsff.ffn_a))
+        add("dsff_stream_b", n(b.dsff.ffn_b))
+        add("dsff_fusion_gate", n(b.dsff.fuse))
+        add("norms", n(b.norm_1) + n(b.norm_2))
+    return tot
+
+
+@pytest.mark.parametrize("cfg", [WiolaConfig(**TINY), WiolaConfig(**{**TINY, "gcla_lambda": 0})])
+def test_component_counts_match_modules(cfg):
+    m = Wiola(cfg)
+    counts, numels = wiola_component_counts(cfg), _component_numels(m)
+    for k, v in numels.items():
+        assert counts[f"total.{k}"] == v, k
+    assert counts["total"] == m.num_params()
+
+
+def test_360m_components_match_paper_table_iv():
+    cfg = from_name("wiola-360m")
+    counts = wiola_component_counts(cfg)
+    assert counts["layer.dsff_stream_b"] == 8_388_608
+    assert counts["layer.dsff_fusion_gate"] == 2_097_152
+    with torch.device("meta"):
+        m = Wiola(cfg)
+    for b in m.blocks:  # every layer, on the built model
+        assert sum(p.numel() for p in b.dsff.ffn_b.parameters()) == 8_388_608
+        assert b.dsff.fuse.weight.numel() == 2_097_152
+    numels = _component_numels(m)
+    for k, v in numels.items():
+        assert counts[f"total.{k}"] == v, k
+    assert counts["total"] == m.num_params() == wiola_param_count(cfg)
+
+
+@pytest.mark.parametrize("name", PAPER_PRESETS)
+def test_paper_presets_instantiate_on_meta(name):
+    assert name in PRESETS
+    cfg = from_name(name)
+    with torch.device("meta"):
+        m = build_model(cfg)
+    assert isinstance(m, Wiola)
+    assert m.num_params() == wiola_param_count(cfg)
+
+
+def test_causal_with_atm_off(model):
+    x = ids(1, 24)
+    y = x.clone()
+    y[0, 12] = (y[0, 12] + 1) % TINY["vocab_size"]
+    with torch.no_grad():
+        a, b = model(x, atm=False).logits, model(y, atm=False).logits
+    torch.testing.assert_close(a[:, :12], b[:, :12], rtol=0, atol=1e-6)
+    assert (a[:, 12:] - b[:, 12:]).abs().max() > 1e-4
+
+
+def test_cached_decoding_equals_full_recompute(model):
+    x = ids(2, 8 + 16, seed=1)
+    with torch.no_grad():
+        full = model(x).logits
+        cache = model.new_cache()
+        steps = [model(x[:, :8], cache=cache).logits]
+        for t in range(8, 24):
+            steps.append(model(x[:, t:t + 1], cache=cache).logits)
+    assert cache.pos == 24
+    assert "blocks.0.gcla.running_sum" in cache.extra
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-4)
+
+
+def test_generate_with_cache_matches_recompute(model):
+    from core_models.generate import generate
+
+    prompt = ids(1, 5, seed=2)[0].tolist()
+    gen = generate(model, prompt, max_new_tokens=10, trace_sites=["blocks.1.dsff.gate"])
+    x = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(10):  # greedy without a cache, full recompute each step
+            x = torch.cat((x, model(x).logits[:, -1:].argmax(-1)), dim=1)
+    assert gen.ids == x[0].tolist()
+    assert gen.trace["blocks.1.dsff.gate"].shape[1] == 15
+
+
+def loop_merge_map(hidden: torch.Tensor, tau: float) -> list[int]:
+    """Greedy left-to-right merge of one row, by a plain loop."""
+    h = hidden.double()
+    T = h.shape[0]
+    groups, g, t = [0] * T, 0, 0
+    while t < T:
+        groups[t] = g
+        if t + 1 < T:
+            cos = float(h[t] @ h[t + 1] / (h[t].norm() * h[t + 1].norm()))
+            if cos > tau:
+                groups[t + 1] = g
+                t += 1
+        t += 1
+        g += 1
+    return groups
+
+
+def test_atm_merge_map_matches_loop_and_merged_outputs_are_identical(model):
+    B, T, tau = 2, 24, 0.0
+    with torch.no_grad(), tracing() as tr:
+        model(ids(B, T, seed=3), atm=True, atm_tau=tau)
+    layers = list(model.config.atm_layers)
+    assert layers == [2, 3]
+    merged_any = False
+    for i in layers:
+        hidden, mm = tr[f"blocks.{i}.atm.hidden"], tr[f"blocks.{i}.atm.merge_map"]
+        assert hidden.shape == (B, T, TINY["d_model"]) and mm.shape == (B, T) and mm.dtype == torch.int64
+        assert tr[f"blocks.{i}.atm.adjacent_cos"].shape == (B, T - 1)
+        out = tr[f"blocks.{i}.out"]
+        for b in range(B):
+            assert mm[b].tolist() == loop_merge_map(hidden[b], tau)
+            for t in range(T - 1):
+                if mm[b, t] == mm[b, t + 1]:
+                    merged_any = True
+                    torch.testing.assert_close(out[b, t], out[b, t + 1], rtol=0, atol=0)
+    assert merged_any
+    assert not any(f"blocks.{i}.atm" in n for n in tr.names() for i in (0, 1, 4, 5))
+
+
+def test_greedy_merge_map_matches_loop_on_random_cosines():
+    g = torch.Generator().manual_seed(4)
+    cos = torch.rand(5, 30, generator=g) * 2 - 1
+    for tau in (-0.5, 0.0, 0.3, 0.9):
+        got = greedy_merge_map(cos, tau)
+        for b in range(5):
+            want, grp, t = [], 0, 0
+            while t < 31:
+                want.append(grp)
+                if t < 30 and cos[b, t] > tau:
+                    want.append(grp)
+                    t += 1
+                t += 1
+                grp += 1
+            assert got[b].tolist() == want
+
+
+def test_atm_without_merges_equals_atm_off(model):
+    x = ids(2, 16, seed=5)
+    with torch.no_grad(), tracing(["blocks.2.atm.merge_map"]) as tr:
+        on = model(x, atm=True, atm_tau=1.0).logits  # cos > 1 never holds
+    assert tr["blocks.2.atm.merge_map"].tolist() == [list(range(16))] * 2
+    with torch.no_grad():
+        off = model(x, atm=False).logits
+    torch.testing.assert_close(on, off, rtol=0, atol=1e-5)
+
+
+def test_atm_defaults_on_in_training_only():
+    m = Wiola(WiolaConfig(**TINY))
+    x = ids(1, 10)
+    m.train()
+    with tracing(["blocks.2.atm.merge_map"]) as tr:
+        m(x)
+    assert "blocks.2.atm.merge_map" in tr
+    m.eval()
+    with torch.no_grad(), tracing(["blocks.2.atm.merge_map"]) as tr:
+        m(x)
+    assert "blocks.2.atm.merge_map" not in tr
+
+
+def test_atm_with_cache_raises(model):
+    with pytest.raises(ValueError, match="KV cache"):
+        with torch.no_grad():
+            model(ids(1, 4), atm=True, cache=model.new_cache())
+
+
+def test_dsff_drop_stream_b(model):
+    layer = "blocks.1.dsff"
+    dsff = model.blocks[1].dsff
+    calls, io = [], {}
+    hooks = [dsff.ffn_b.register_forward_hook(lambda mod, i, o: calls.append(1)),
+             dsff.register_forward_hook(lambda mod, i, o: io.update(x=i[0], y=o))]
+    try:
+        with torch.no_grad(), tracing() as tr:
+            model(ids(1, 12), ablation=Ablation(drop=((layer, 1),)))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls == []
+    assert f"{layer}.stream_b" not in tr
+    assert torch.equal(tr[f"{layer}.gate"], torch.ones(1, 12, TINY["d_model"]))
+    a = dsff.ffn_a  # independent SwiGLU: down(silu(gate x) * up x)
+    x = io["x"]
+    want = (F.silu(x @ a.gate.weight.T) * (x @ a.up.weight.T)) @ a.down.weight.T
+    torch.testing.assert_close(io["y"], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tr[f"{layer}.stream_a"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_dsff_force_equals_drop_and_drop_a_gives_zero_gate(model):
+    x = ids(1, 10, seed=6)
+    with torch.no_grad():
+        forced = model(x, ablation=Ablation(force=(("blocks.3.dsff", 0),))).logits
+        dropped = model(x, ablation=Ablation(drop=(("blocks.3.dsff", 1),))).logits
+        with tracing(["blocks.3.dsff.gate", "blocks.3.dsff.stream_a"]) as tr:
+            model(x, ablation=Ablation(drop=(("blocks.3.dsff", 0),)))
+    torch.testing.assert_close(forced, dropped, rtol=0, atol=0)
+    assert torch.equal(tr["blocks.3.dsff.gate"], torch.zeros(1, 10, TINY["d_model"]))
+    assert "blocks.3.dsff.stream_a" not in tr
+    assert model.routing_layers() == {f"blocks.{i}.dsff": 2 for i in range(6)}
+
+
+def test_gcla_beta_initial_value(model):
+    with torch.no_grad(), tracing() as tr:
+        model(ids(1, 6))
+    assert "blocks.0.attn.gcla_beta" not in tr  # block 0 has no earlier layers
+    for i in range(1, TINY["n_layers"]):
+        assert math.isclose(float(tr[f"blocks.{i}.attn.gcla_beta"]), 1 / (1 + math.exp(3)), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("field,value", [("n_kv_heads", 3), ("atm_tau", 2.0), ("d_b", -1), ("srpe_k", 0),
+                                         ("gcla_lambda", -1), ("norm_eps", 0.0)])
+def test_bad_config_names_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        WiolaConfig(**{**TINY, field: value})
+
+
+def test_srpe_formula_and_rope_limit():
+    hd, C = 8, 16
+    s = SRPE(hd, C, k_s=8, a_s=0.1, f_s=0.01)
+    for m, i in ((0, 0), (5, 1), (17, 3)):
+        angle = m * 10000 ** (-2 * i / hd) + 0.1 * math.sin(2 * math.pi * 0.01 * m + 2 * math.pi * (i % 8) / 8)
+        assert math.isclose(float(s.cos[m, i]), math.cos(angle), abs_tol=1e-6)
+    x = torch.randn(1, 2, 5, hd)
+    pos = torch.arange(3, 8)[None]
+    torch.testing.assert_close(SRPE(hd, C, a_s=0.0)(x, pos), Rotary(hd, C, 10000.0, "half")(x, 3))
+    assert not s.state_dict()  # tables are non-persistent
+
+
+def test_wiola_rmsnorm_offset():
+    n = WiolaRMSNorm(6, eps=1e-6)
+    with torch.no_grad():
+        n.delta.copy_(torch.linspace(-1, 1, 6))
+        n.weight.copy_(torch.linspace(0.5, 2, 6))
+    x = torch.randn(3, 6)
+    z = x + n.delta
+    torch.testing.assert_close(n(x), n.weight * z / torch.sqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_registry_tiny_preset_roundtrip():
+    cfg = from_name("wiola-tiny", n_layers=3)
+    assert cfg == WiolaConfig(n_layers=3)
+    assert WiolaConfig.from_dict(cfg.to_dict()) == cfg
