@@ -174,15 +174,15 @@ class PAGMLP(nn.Module):
         self.down = nn.Linear(hidden, dim, bias=bias)
         self.a = nn.Parameter(torch.zeros(()))
         self.b = nn.Parameter(torch.zeros(()))
-        self.alpha_site = Site("[] sigmoid(a), SwiGLU pathway scale", pos_axis=None)
-        self.beta_site = Site("[] sigmoid(b), GEGLU pathway scale", pos_axis=None)
+        self.alpha = Site("[] sigmoid(a), SwiGLU pathway scale", pos_axis=None)
+        self.beta = Site("[] sigmoid(b), GEGLU pathway scale", pos_axis=None)
         self.swiglu_out = Site("[batch, pos, hidden/2] scaled SwiGLU pathway (before down projection)")
         self.geglu_out = Site("[batch, pos, hidden/2] scaled GEGLU pathway (before down projection)")
         self.routing_name = ""  # set by the model: this layer's name for ablations
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self.gate(x), self.up(x)  # (B, T, h)
-        alpha, beta = self.alpha_site(torch.sigmoid(self.a)), self.beta_site(torch.sigmoid(self.b))
+        alpha, beta = self.alpha(torch.sigmoid(self.a)), self.beta(torch.sigmoid(self.b))
         dropped = runtime.current().ablation.dropped(self.routing_name)
         s = F.silu(g[..., :self.half]) * u[..., :self.half] * (0.0 if 0 in dropped else alpha)
         e = F.gelu(g[..., self.half:]) * u[..., self.half:] * (0.0 if 1 in dropped else beta)

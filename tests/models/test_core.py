@@ -124,8 +124,8 @@ def test_pagmlp_starts_balanced_and_costs_what_swiglu_costs():
     assert sum(x.numel() for x in p.parameters()) == sum(x.numel() for x in s.parameters()) + 2 * 2
     with tracing() as tr:
         p(torch.randint(0, 97, (1, 4)))
-    assert float(tr["blocks.0.ffn.alpha_site"]) == pytest.approx(0.5)
-    assert float(tr["blocks.0.ffn.beta_site"]) == pytest.approx(0.5)
+    assert float(tr["blocks.0.ffn.alpha"]) == pytest.approx(0.5)
+    assert float(tr["blocks.0.ffn.beta"]) == pytest.approx(0.5)
 
 
 def TINY_cfg(key):
