@@ -1,0 +1,41 @@
+"""Composition keeps each pre-trained path's function."""
+import pytest
+import torch
+
+from core_models import Ablation, build_model, from_name, tracing
+from core_models.training.compose import compose
+
+
+def _path(seed):
+    torch.manual_seed(seed)
+    return build_model(from_name("path", vocab_size=97, d_model=16, n_layers=3, n_heads=2, n_kv_heads=2,
+                                 ffn_hidden=64, context=32)).eval()
+
+
+@pytest.mark.parametrize("combiner", ["share_linear", "gumbel_v1", "gumbel_v2"])
+def test_composed_model_with_other_path_dropped_reproduces_each_path(combiner):
+    paths = [_path(1), _path(2)]
+    idx = torch.randint(0, 97, (2, 10))
+    for j, path in enumerate(paths):
+        model = compose(paths, combiner, n_large_pre=0, shrink_from=j)
+        other = 1 - j
+        ab = Ablation(drop=(("*", other),), force=((("*", j),) if combiner != "share_linear" else ()))
+        with tracing() as tr, torch.no_grad():
+            model(idx, ablation=ab)
+            h = path.embed(idx)  # the path model's own hidden states, block by block
+            for i, block in enumerate(path.blocks):
+                h = block(h)
+                torch.testing.assert_close(tr[f"parallel.{i}.paths.{j}.out"], h, atol=1e-5, rtol=1e-5)
+
+
+def test_composition_concatenates_embeddings_and_checks_paths():
+    paths = [_path(1), _path(2)]
+    model = compose(paths, "gumbel_v2")
+    assert torch.equal(model.embed.weight, torch.cat([p.embed.weight for p in paths], 1))
+    assert model.head.weight is model.embed.weight
+    assert model.config.n_parallel_layers == 3 and model.config.d_model == 32
+    torch.manual_seed(0)
+    wide = build_model(from_name("path", vocab_size=97, d_model=32, n_layers=3, n_heads=2, n_kv_heads=2,
+                                 ffn_hidden=128, context=32))
+    with pytest.raises(ValueError, match="d_model"):
+        compose([paths[0], wide], "share_linear")
