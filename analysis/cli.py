@@ -45,6 +45,76 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_data(spec: str) -> dict[str, float]:
+    try:
+        pairs = [part.split("=") for part in spec.split(",")]
+        return {k.strip(): float(v) for k, v in pairs}
+    except ValueError:
+        raise ValueError(f"--data {spec!r}: expected DOMAIN=WEIGHT[,DOMAIN=WEIGHT], e.g. story=0.5,math=0.5") from None
+
+
+def _parse_sets(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from core_models.training.tokenizer import train_tokenizer
+    tok = train_tokenizer(n_docs_per_domain=args.docs, vocab_size=args.vocab_size, seed=args.seed)
+    tok.save(args.out)
+    sys.stdout.write(f"wrote {args.out} ({tok.get_vocab_size()} tokens)\n")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import shlex
+
+    import torch
+
+    from core_models.checkpoint import load_tokenizer_file
+    from core_models.training.trainer import TrainConfig, train
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    c = TrainConfig(preset=args.preset, overrides=_parse_sets(args.set), data=_parse_data(args.data),
+                    steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                    min_lr=args.lr / 10, warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,
+                    init_from=args.init_from, max_minutes=args.max_minutes)
+    tok = load_tokenizer_file(args.tokenizer)
+    command = "routescope " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
+    summary = train(c, tok, args.out, command=command, resume=not args.no_resume, progress=not args.quiet)
+    sys.stdout.write(json.dumps({k: summary[k] for k in ("steps", "tokens", "wall_seconds", "val_loss")}) + "\n")
+    return 0
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    from core_models.checkpoint import load_checkpoint, save_checkpoint
+    from core_models.training.compose import compose
+
+    loaded = [load_checkpoint(p) for p in args.paths]
+    model = compose([m for m, _ in loaded], args.combiner, n_large_pre=args.n_large_pre,
+                    n_large_post=args.n_large_post, seed=args.seed)
+    card = (f"# composed {args.combiner}\n\nUntrained composition of {', '.join(args.paths)} "
+            f"(blocks -> parallel paths, embeddings concatenated); train it on mixed data.\n")
+    save_checkpoint(model, args.out, tokenizer=loaded[0][1], card=card, dtype=__import__("torch").float32)
+    sys.stdout.write(f"wrote {args.out}\n")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from core_models.importers import import_checkpoint
+    out = import_checkpoint(args.source, args.weights, args.config, args.out, tokenizer=args.tokenizer)
+    sys.stdout.write(f"wrote {out}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="routescope", description="Routing analysis for parallel-path LMs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -63,6 +133,56 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--force", action="append", default=[], help="LAYER:OPTION, repeatable")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=cmd_generate)
+
+    t = sub.add_parser("tokenizer", help="train the byte-level BPE tokenizer on both corpora")
+    t.add_argument("--out", required=True)
+    t.add_argument("--vocab-size", type=int, default=4096)
+    t.add_argument("--docs", type=int, default=4000, help="documents per domain")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_tokenizer)
+
+    tr = sub.add_parser("train", help="train a checkpoint from a preset (or --init-from a composed one)")
+    tr.add_argument("preset")
+    tr.add_argument("--out", required=True)
+    tr.add_argument("--tokenizer", required=True)
+    tr.add_argument("--data", default="story=0.5,math=0.5")
+    tr.add_argument("--steps", type=int, default=1000)
+    tr.add_argument("--batch-size", type=int, default=16)
+    tr.add_argument("--seq-len", type=int, default=128)
+    tr.add_argument("--lr", type=float, default=3e-3)
+    tr.add_argument("--warmup", type=int, default=50)
+    tr.add_argument("--eval-every", type=int, default=200)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--init-from", default=None)
+    tr.add_argument("--set", action="append", default=[], help="config FIELD=VALUE, repeatable")
+    tr.add_argument("--max-minutes", type=float, default=0.0)
+    tr.add_argument("--threads", type=int, default=0)
+    tr.add_argument("--no-resume", action="store_true")
+    tr.add_argument("--quiet", action="store_true")
+    tr.set_defaults(func=cmd_train, argv=None)
+
+    c = sub.add_parser("compose", help="build a PaPaformer from pre-trained path checkpoints")
+    c.add_argument("--paths", nargs="+", required=True)
+    c.add_argument("--combiner", required=True, choices=("share_linear", "gumbel_v1", "gumbel_v2"))
+    c.add_argument("--out", required=True)
+    c.add_argument("--n-large-pre", type=int, default=1)
+    c.add_argument("--n-large-post", type=int, default=1)
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(func=cmd_compose)
+
+    im = sub.add_parser("import", help="convert a checkpoint trained with the papers' own code")
+    im.add_argument("--from", dest="source", required=True,
+                    choices=("papaformer-share-linear", "papaformer-gumbel-v1", "papaformer-gumbel-v2", "pgpt"))
+    im.add_argument("--weights", required=True, help=".safetensors, or .pt/.pth read with weights_only=True")
+    im.add_argument("--config", required=True, help="JSON with the reference's own argument names")
+    im.add_argument("--out", required=True)
+    im.add_argument("--tokenizer", default=None)
+    im.set_defaults(func=cmd_import)
+
+    import importlib.util
+    if importlib.util.find_spec("analysis.commands"):  # export, routes, attribute
+        from analysis.commands import add_commands
+        add_commands(sub)
     return p
 
 

@@ -1,0 +1,1 @@
+"""Synthetic training corpus and tokenizer for the shipped RouteScope models."""
