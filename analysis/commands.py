@@ -1,0 +1,343 @@
+"""`routescope export | routes | attribute`: argument parsers and handlers.
+
+`cli.py` wires these in with `add_commands(subparsers)`. Handlers raise ValueError with a clear
+message for every user error (bad file, bad spec, unknown token); `main()` prints it without a
+traceback. Heavy imports happen inside the handlers so `routescope --help` stays fast.
+
+export: prompts from --prompt (repeatable) or --prompts FILE (.txt: one prompt per non-blank
+line, prompt_id = its 1-based line number; .tsv: columns prompt_id and prompt, others ignored).
+--shard i/n keeps the prompts whose 0-based index in that list satisfies index % n == i, so the
+shards 0/n .. n-1/n partition the prompts exactly. Prompts are processed --batch-size at a time:
+without generation, prompts of equal token length run as one batch and the rest alone; with
+--max-new-tokens N > 0 each prompt is continued with `core_models.generate.generate` (greedy,
+KV cache) and its rows cover prompt and generated positions. Rows are streamed to the output
+file(s) (`analysis.export.ExportWriter`), which appear only when the export finished.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+log = logging.getLogger(__name__)
+
+SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+# --- parsers -----------------------------------------------------------------------------------
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Register export, routes and attribute on the `routescope` sub-command parser."""
+    e = subparsers.add_parser("export", help="export routing records of prompts to CSV / Parquet",
+                              description="Export routing records (analysis.columns.EXPORT_SCHEMA) of every prompt.")
+    e.add_argument("checkpoint")
+    src = e.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable)")
+    src.add_argument("--prompts", metavar="FILE", help=".txt (one prompt per line) or .tsv (prompt_id, prompt)")
+    e.add_argument("--out", action="append", required=True, metavar="FILE",
+                   help="output .csv or .parquet (repeat to write both)")
+    e.add_argument("--drop", action="append", default=[], help="OPTION or LAYER:OPTION, repeatable")
+    e.add_argument("--force", action="append", default=[], help="LAYER:OPTION, repeatable")
+    e.add_argument("--max-new-tokens", type=int, default=0, help="greedy continuation length (0: prompt only)")
+    e.add_argument("--seed", type=int, default=0, help="routing seed (sampled routing)")
+    e.add_argument("--routing", choices=("deterministic", "sampled"), default="deterministic")
+    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--shard", metavar="i/n", help="only prompts with index %% n == i (0-based)")
+    e.add_argument("--atm", action="store_true", help="Wiola: merge tokens (ATM) in the prompt pass")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(func=cmd_export)
+
+    r = subparsers.add_parser("routes", help="Table 6: path chosen per parallel layer for story/math probes",
+                              description="Route the PaPaformer Table 6 probes and compare with the paper.")
+    r.add_argument("checkpoint")
+    r.add_argument("--probes", metavar="FILE", help="probe TSV (default: the paper's Table 6 probes)")
+    r.add_argument("--majority", action="store_true", help="majority route over the prompt's tokens "
+                                                           "(default: route at the last prompt token)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_routes)
+
+    a = subparsers.add_parser("attribute", help="attribute a next-token log-prob to tokens or routing options")
+    a.add_argument("checkpoint")
+    a.add_argument("--prompt", required=True, metavar="TEXT")
+    a.add_argument("--position", type=int, default=-1, help="position whose next token is explained (default: last)")
+    tok = a.add_mutually_exclusive_group()
+    tok.add_argument("--token", metavar="TEXT", help="target token text (one token; default: the model's top-1)")
+    tok.add_argument("--token-id", type=int, metavar="ID", help="target token id")
+    a.add_argument("--method", choices=("ig", "ablation", "shapley"), default="ig")
+    a.add_argument("--baseline", choices=("pad", "zeros"), default="pad", help="ig baseline embedding")
+    a.add_argument("--n-steps", type=int, default=64, help="ig integration steps")
+    a.add_argument("--n-samples", type=int, default=25, help="shapley permutations")
+    a.add_argument("--scope", choices=("layer", "global"), default="layer",
+                   help="paths per (layer, option) or per option index across layers")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_attribute)
+
+
+# --- shared helpers ----------------------------------------------------------------------------
+
+def _load(path: str):
+    from core_models.checkpoint import load_checkpoint
+    return load_checkpoint(path)
+
+
+def _need_tokenizer(tok: Any, checkpoint: str) -> None:
+    if tok is None:
+        raise ValueError(f"{checkpoint}: no tokenizer.json; text prompts need a tokenizer")
+
+
+def read_prompts(path: str | Path) -> list[tuple[str, str]]:
+    """(prompt_id, prompt) pairs from a .txt (one per non-blank line, id = line number) or a .tsv
+    (columns prompt_id and prompt)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such prompt file")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".txt":
+        return [(str(n), line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if path.suffix.lower() != ".tsv":
+        raise ValueError(f"{path}: prompt files are .txt (one prompt per line) or .tsv (prompt_id, prompt)")
+    rows = list(csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE))
+    header = rows[0] if rows else []
+    missing = [c for c in ("prompt_id", "prompt") if c not in header]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; found: {', '.join(header) or 'none'}")
+    i_id, i_p = header.index("prompt_id"), header.index("prompt")
+    out = []
+    for n, row in enumerate(rows[1:], start=2):
+        if not any(row):
+            continue
+        if len(row) != len(header):
+            raise ValueError(f"{path}: line {n} has {len(row)} fields, the header has {len(header)}")
+        out.append((row[i_id], row[i_p]))
+    dup = sorted({i for i, _ in out if [j for j, _ in out].count(i) > 1})
+    if dup:
+        raise ValueError(f"{path}: duplicate prompt_id(s) {', '.join(dup)}")
+    return out
+
+
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    """"i/n" -> (i, n) with 0 <= i < n; None -> (0, 1)."""
+    if spec is None:
+        return 0, 1
+    m = SHARD.match(spec)
+    if not m or int(m[2]) < 1 or int(m[1]) >= int(m[2]):
+        raise ValueError(f"--shard {spec!r}: expected i/n with 0 <= i < n, e.g. 0/4")
+    return int(m[1]), int(m[2])
+
+
+def shard(items: Sequence[Any], i: int, n: int) -> list[Any]:
+    """Items whose 0-based index % n == i."""
+    return [x for k, x in enumerate(items) if k % n == i]
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for k in range(0, len(items), size):
+        yield items[k:k + size]
+
+
+class _Decoder:
+    """Token id -> text, cached."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.cache = tok, {}
+
+    def __call__(self, ids: Sequence[int]) -> list[str]:
+        return [self.cache.setdefault(i, self.tok.decode([i])) for i in ids]
+
+
+# --- export ------------------------------------------------------------------------------------
+
+def _export_prompt_batch(model, batch, decode, ablation, args, model_name):
+    """Prompt-only rows: equal-length prompts share a forward (with sampled routing every prompt
+    runs alone, so its Gumbel noise depends only on --seed, not on the batching or sharding)."""
+    import torch
+
+    from core_models import tracing
+    from analysis.table import ExportMeta, RowMeta, routing_table
+
+    by_len: dict[int, list[tuple[str, list[int]]]] = {}  # forward group -> prompts
+    for k, (pid, ids) in enumerate(batch):
+        by_len.setdefault(k if args.routing == "sampled" else len(ids), []).append((pid, ids))
+    for group in by_len.values():
+        gen = torch.Generator().manual_seed(args.seed)
+        with torch.no_grad(), tracing() as tr:
+            model(torch.tensor([ids for _, ids in group]), ablation=ablation, routing=args.routing, generator=gen,
+                  atm=True if args.atm else None)
+        meta = ExportMeta(model=model_name, ablation=ablation.describe(), seed=args.seed,
+                          rows=[RowMeta(pid, ids, decode(ids)) for pid, ids in group])
+        yield routing_table(tr, model, meta=meta)
+
+
+def _export_generation(model, pid, ids, decode, ablation, args, model_name):
+    from core_models.generate import Sampling, generate
+    from analysis.table import ExportMeta, RowMeta, routing_table
+
+    g = generate(model, ids, max_new_tokens=args.max_new_tokens, sampling=Sampling(seed=args.seed), top_n=1,
+                 ablation=ablation, routing=args.routing, routing_seed=args.seed, trace_sites=None)
+    for note in g.notes:
+        log.warning("prompt %s: %s", pid, note)
+    meta = ExportMeta(model=model_name, ablation=ablation.describe(), seed=args.seed,
+                      rows=[RowMeta(pid, g.ids, decode(g.ids), n_prompt=len(g.prompt_ids))])
+    return routing_table(g.trace, model, meta=meta)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from core_models import Ablation
+    from analysis.export import ExportWriter, export_format
+
+    for out in args.out:
+        export_format(out)  # fail on a bad suffix before loading anything
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size}: must be >= 1")
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: must be >= 0")
+    if args.atm and args.max_new_tokens:
+        raise ValueError("--atm needs --max-new-tokens 0: token merging cannot run with the KV cache of generation")
+    i, n = parse_shard(args.shard)
+    prompts = [(str(k + 1), p) for k, p in enumerate(args.prompt)] if args.prompt else read_prompts(args.prompts)
+    prompts = shard(prompts, i, n)
+    model, tok = _load(args.checkpoint)
+    _need_tokenizer(tok, args.checkpoint)
+    if not model.routing_layers():
+        raise ValueError(f"{args.checkpoint}: family {model.config.family!r} has no routing layers to export")
+    ablation = Ablation.parse(args.drop, args.force)
+    ablation.validate(model.routing_layers())
+    model_name = Path(args.checkpoint).resolve().name
+    decode = _Decoder(tok)
+    encoded = []
+    for pid, text in prompts:
+        ids = tok.encode(text).ids
+        if not ids:
+            raise ValueError(f"prompt {pid!r}: encodes to no tokens")
+        if not args.max_new_tokens and len(ids) > model.context:
+            log.warning("prompt %s: kept the last %d of %d tokens (context)", pid, model.context, len(ids))
+            ids = ids[-model.context:]
+        encoded.append((pid, ids))
+    notes: set[str] = set()
+    with ExportWriter(*args.out) as w, tqdm(total=len(encoded), desc="export", unit="prompt",
+                                           disable=True if args.quiet else None) as bar:
+        for batch in _chunks(encoded, args.batch_size):
+            if args.max_new_tokens:
+                frames = (_export_generation(model, pid, ids, decode, ablation, args, model_name) for pid, ids in batch)
+            else:
+                frames = _export_prompt_batch(model, batch, decode, ablation, args, model_name)
+            for df in frames:
+                w.write(df)
+                for note in set(df.attrs.get("notes", [])) - notes:
+                    log.warning("%s", note)
+                    notes.add(note)
+            bar.update(len(batch))
+    sys.stderr.write(f"wrote {w.n_rows} rows for {len(encoded)} prompts to {', '.join(args.out)}\n")
+    return 0
+
+
+# --- routes (Table 6) --------------------------------------------------------------------------
+
+def cmd_routes(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from analysis import columns as C
+    from analysis import domain as D
+
+    probes = D.read_probes(args.probes or D.DEFAULT_PROBES)
+    model, tok = _load(args.checkpoint)
+    _need_tokenizer(tok, args.checkpoint)
+    cfg = model.config
+    D._check(cfg)
+    ours = D.probe_routes(model, tok, probes, majority=args.majority)
+    paper = D.paper_routes(probes, cfg.combiner)
+    table = D.table6(ours, probes, paper)
+    combined = cfg.combiner != "share_linear"
+    summ = D.route_summary(ours, cfg.n_paths, combined=combined)
+    if paper is not None:
+        summ = pd.concat([summ, D.route_summary(paper, D.PAPER_N_PATHS, combined=combined, source="paper")],
+                         ignore_index=True)
+    if args.json:
+        per_layer = {pid: g[C.ROUTE].tolist() for pid, g in ours.groupby(C.PROMPT_ID, sort=False)}
+        doc = {
+            "checkpoint": args.checkpoint, "combiner": cfg.combiner, "n_parallel_layers": cfg.n_parallel_layers,
+            "route_at": "majority" if args.majority else "last prompt token",
+            "prompts": [{"prompt_id": r[C.PROMPT_ID], "domain": r[C.DOMAIN], "expected_path": int(r[C.EXPECTED_PATH]),
+                         "prompt": r[C.PROMPT], "routes": [None if pd.isna(x) else int(x) for x in per_layer[r[C.PROMPT_ID]]],
+                         "route": r[C.ROUTES], **({"paper": r[C.PAPER_ROUTES]} if paper is not None else {})}
+                        for _, r in table.iterrows()],
+            **{src: {m: (None if pd.isna(v) else float(v)) for m, v in zip(g[C.METRIC], g[C.VALUE])}
+               for src, g in summ.groupby(C.SOURCE, sort=False)},
+        }
+        json.dump(doc, sys.stdout, ensure_ascii=False, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    at = "majority over tokens" if args.majority else "last prompt token"
+    k = cfg.n_paths
+    legend = (f"routes 1..{k} = paths, {k + 1} = combined" if combined
+              else f"route = the path (1..{k}) whose output has the highest cosine with the combined output")
+    sys.stdout.write(f"Table 6 routes: {cfg.combiner}, {cfg.n_parallel_layers} parallel layers, route at the {at}\n"
+                     f"({legend})\n")
+    if paper is not None and k != D.PAPER_N_PATHS:
+        sys.stdout.write(f"note: the paper's models have {D.PAPER_N_PATHS} paths (3 = combined); this one has {k}\n")
+    sys.stdout.write("\n")
+    cols = [C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.ROUTES] + ([C.PAPER_ROUTES] if paper is not None else []) + [C.PROMPT]
+    sys.stdout.write(table[cols].rename(columns={C.EXPECTED_PATH: "expected", C.ROUTES: "ours",
+                                                 C.PAPER_ROUTES: "paper"}).to_string(index=False) + "\n\n")
+    for src, g in summ.groupby(C.SOURCE, sort=False):
+        vals = dict(zip(g[C.METRIC], g[C.VALUE]))
+        shares = "  ".join(f"{m} {vals[m]:.1%}" for m in vals if m.startswith("path") or m == "combined")
+        sys.stdout.write(f"{src:>5}: {shares}  accuracy {vals['accuracy']:.1%}  ({int(vals['n_routes'])} routes)\n")
+    return 0
+
+
+# --- attribute ---------------------------------------------------------------------------------
+
+def _target_id(tok: Any, args: argparse.Namespace) -> int | None:
+    if args.token_id is not None:
+        return args.token_id
+    if args.token is None:
+        return None
+    ids = tok.encode(args.token).ids
+    if len(ids) != 1:
+        raise ValueError(f"--token {args.token!r} encodes to {len(ids)} tokens {ids}; give one token "
+                         f"(or --token-id)")
+    return ids[0]
+
+
+def cmd_attribute(args: argparse.Namespace) -> int:
+    from analysis.attribution import PathAttribution, TokenAttribution
+
+    model, tok = _load(args.checkpoint)
+    _need_tokenizer(tok, args.checkpoint)
+    ids = tok.encode(args.prompt).ids[-model.context:]
+    if not ids:
+        raise ValueError("--prompt encodes to no tokens")
+    target = _target_id(tok, args)
+    if args.method == "ig":
+        res = TokenAttribution(model).attribute(ids, args.position, target, n_steps=args.n_steps,
+                                                baseline=args.baseline)
+        df = res.frame(tok)
+        head = {"target_position": res.target_position, "target_token": tok.decode([res.target_token]),
+                "target_token_id": res.target_token, "log_prob": res.target_log_prob,
+                "baseline_log_prob": res.baseline_log_prob, "convergence_delta": res.convergence_delta,
+                "baseline": res.baseline, "n_steps": res.n_steps}
+    else:
+        df = PathAttribution(model).attribute(ids, args.position, target, method=args.method, scope=args.scope,
+                                              n_samples=args.n_samples, seed=args.seed)
+        t = int(df["token_id"].iloc[0])
+        head = {"target_position": int(df["position"].iloc[0]), "target_token": tok.decode([t]),
+                "target_token_id": t, "log_prob": float(df["full_log_prob"].iloc[0]), "method": args.method,
+                "scope": args.scope}
+        df = df.drop(columns=["position", "token_id"])
+    if args.json:
+        json.dump({**head, "rows": json.loads(df.to_json(orient="records"))}, sys.stdout, ensure_ascii=False, indent=1)
+        sys.stdout.write("\n")
+    else:
+        for k, v in head.items():
+            sys.stdout.write(f"{k}: {v!r}\n" if isinstance(v, str) else f"{k}: {v}\n")
+        sys.stdout.write("\n" + df.to_string(index=False) + "\n")
+    return 0

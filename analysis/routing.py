@@ -1,0 +1,356 @@
+"""Routing analyses: pure functions from a `Trace` to long-format DataFrames.
+
+Every function reads the tensors recorded at routing sites (see `core_models.sites`) and returns
+one row per (batch row, position, layer, option) or coarser, with the column names of
+`analysis.columns`. No I/O, no globals; randomness only from an explicit seed. A few functions
+also take the model (or its config) where they need its shape or weights; each says so.
+
+Traces from `core_models.generate.generate` work too: sites with a position axis are concatenated
+over the prompt and every generated step, so positions run over prompt + generated tokens.
+
+Family coverage: `gumbel_routes` (PaPaformer Gumbel), `cosine_dominance` (PaPaformer, MoEP),
+`topk_routes` / `topk_utilisation` / `topk_coselection` (MoEP), `pgpt_paths` (ParallelGPT),
+`atm_merges` / `atm_summary` / `dsff_gates` / `gcla_betas` (Wiola), `pagmlp_pathways` (PAGMLP).
+`analysis.table.routing_table` turns them into the one export table.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from core_models.runtime import Trace
+
+from . import columns as C
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def _grid(*sizes: int) -> list[np.ndarray]:
+    """Flattened index arrays of a C-ordered grid: _grid(B, T, n) -> [b, t, o], each of B*T*n."""
+    if not sizes:
+        return []
+    return [a.ravel() for a in np.meshgrid(*(np.arange(s) for s in sizes), indexing="ij")]
+
+
+def site(trace: Trace, name: str) -> torch.Tensor:
+    """trace[name], or a ValueError saying which site is missing."""
+    if name not in trace:
+        raise ValueError(f"the trace has no site {name!r}; run the model inside core_models.tracing() "
+                         f"(all sites) to record it")
+    return trace[name]
+
+
+def numbered(trace: Trace, pattern: str) -> list[tuple[int, ...]]:
+    """Integer groups of every recorded site name fully matching `pattern`, sorted."""
+    rx = re.compile(pattern)
+    found = {tuple(int(g) for g in m.groups()) for n in trace.names() if (m := rx.fullmatch(n))}
+    return sorted(found)
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().float().cpu().numpy() if x.is_floating_point() else x.detach().cpu().numpy()
+
+
+def _config(model_or_config: Any) -> Any:
+    return getattr(model_or_config, "config", model_or_config)
+
+
+def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Standard Gumbel samples -log(-log(u)), u ~ U(0, 1) from `generator`."""
+    u = torch.rand(shape, generator=generator, dtype=torch.float32).clamp_(1e-10, 1.0 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
+# --- PaPaformer Gumbel routers ----------------------------------------------------------------
+
+def option_labels(config: Any) -> list[str]:
+    """PaPaformer option names: "path 1".. "path k", then "combined" for Gumbel combiners."""
+    labels = [f"path {j + 1}" for j in range(config.n_paths)]
+    return labels + (["combined"] if config.combiner != "share_linear" else [])
+
+
+def gumbel_routes(trace: Trace, model_or_config: Any, *, n_samples: int = 0, seed: int = 0) -> pd.DataFrame:
+    """Per batch row, position, parallel layer and candidate: router logit, noise-free probability,
+    whether it is the noise-free argmax, whether the call used it (recorded choice: differs from
+    the argmax under sampled or forced routing) and, with n_samples > 0, routing stability: the
+    fraction of `n_samples` Gumbel samples (logits + Gumbel noise, torch.Generator seeded with
+    `seed`, layers drawn in order) whose argmax equals the noise-free argmax (NaN when
+    n_samples = 0). Takes the model or its config for the layer count and option names."""
+    cfg = _config(model_or_config)
+    if getattr(cfg, "family", "") != "papaformer" or cfg.combiner == "share_linear":
+        raise ValueError("gumbel_routes needs a PaPaformer with a Gumbel combiner (gumbel_v1 / gumbel_v2)")
+    if n_samples < 0:
+        raise ValueError(f"n_samples = {n_samples}: must be >= 0")
+    labels = np.array(option_labels(cfg))
+    gen = torch.Generator().manual_seed(seed)
+    frames = []
+    for i in range(cfg.n_parallel_layers):
+        layer = f"parallel.{i}"
+        logits = site(trace, f"{layer}.router.logits").float()  # (B, T, n)
+        probs = site(trace, f"{layer}.router.probs").float()
+        B, T, n = logits.shape
+        arg = logits.argmax(-1)  # (B, T)
+        name = f"{layer}.router.choice"
+        choice = trace[name] if name in trace else arg
+        if n_samples:
+            noisy = logits.unsqueeze(0) + gumbel_noise((n_samples, B, T, n), gen)
+            stab = (noisy.argmax(-1) == arg).float().mean(0)  # (B, T)
+        else:
+            stab = torch.full((B, T), float("nan"))
+        b, t, o = _grid(B, T, n)
+        frames.append(pd.DataFrame({
+            C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o, C.LABEL: labels[o],
+            C.LOGIT: _np(logits).ravel(), C.PROB: _np(probs).ravel(),
+            C.ARGMAX: (_np(arg)[b, t] == o), C.SELECTED: (_np(choice)[b, t] == o),
+            C.STABILITY: _np(stab)[b, t], C.N_SAMPLES: n_samples,
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+# --- top-k routers (MoEP) ---------------------------------------------------------------------
+
+def topk_layers(trace: Trace) -> list[str]:
+    """Routing layers with a top-k router in the trace, in forward order."""
+    return [n[: -len(".router.indices")] for n in trace.names() if n.endswith(".router.indices")]
+
+
+def topk_routes(trace: Trace) -> pd.DataFrame:
+    """Per batch row, position and top-k routing layer, the selected options best first:
+    rank (0 = first choice), option, renormalised weight and router probability."""
+    frames = []
+    for layer in topk_layers(trace):
+        idx = trace[f"{layer}.router.indices"]  # (B, T, k)
+        w = trace[f"{layer}.router.weights"].float()  # (B, T, k)
+        probs = trace[f"{layer}.router.probs"].float()  # (B, T, n)
+        B, T, k = idx.shape
+        b, t, r = _grid(B, T, k)
+        frames.append(pd.DataFrame({
+            C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.RANK: r, C.OPTION: _np(idx).ravel(),
+            C.WEIGHT: _np(w).ravel(), C.PROB: _np(probs.gather(-1, idx)).ravel(),
+        }))
+    return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.RANK, C.OPTION, C.WEIGHT, C.PROB])
+
+
+def topk_utilisation(trace: Trace) -> pd.DataFrame:
+    """Per top-k layer and option: tokens that selected it, tokens routed, and the share of tokens
+    selecting it (shares of a layer sum to k)."""
+    rows = []
+    for layer in topk_layers(trace):
+        idx = trace[f"{layer}.router.indices"]
+        n = trace[f"{layer}.router.probs"].shape[-1]
+        n_tok = idx.shape[0] * idx.shape[1]
+        counts = torch.bincount(idx.flatten(), minlength=n)
+        rows += [(layer, o, int(counts[o]), n_tok, float(counts[o]) / n_tok) for o in range(n)]
+    return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION, C.COUNT, C.N_TOKENS, C.SHARE])
+
+
+def topk_coselection(trace: Trace) -> pd.DataFrame:
+    """Per top-k layer and option pair (a < b): how many tokens selected both together."""
+    rows = []
+    for layer in topk_layers(trace):
+        idx = trace[f"{layer}.router.indices"]
+        n = trace[f"{layer}.router.probs"].shape[-1]
+        sel = F.one_hot(idx, n).sum(-2).flatten(0, 1).clamp(max=1).float()  # (N, n) 0/1
+        both = sel.T @ sel  # (n, n) tokens selecting both
+        rows += [(layer, a, b, int(both[a, b])) for a, b in itertools.combinations(range(n), 2)]
+    return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION_A, C.OPTION_B, C.COUNT])
+
+
+# --- path outputs vs the combined output (PaPaformer, MoEP) ----------------------------------
+
+def cosine_dominance(trace: Trace) -> pd.DataFrame:
+    """Per batch row, position, parallel layer and path (block) output recorded in the trace: its
+    cosine similarity with the layer's combined output, and whether it is the dominant (highest
+    cosine) path of that token. Paths that did not run (dropped; unselected MoEP blocks) have no
+    rows. Where the combined output has another width than the paths (PaPaformer fused_grow: the
+    last Share-Linear layer maps to d_model directly) the cosine is undefined: NaN, no dominant
+    path, and a note in `df.attrs["notes"]`."""
+    frames, notes = [], []
+    for (i,) in numbered(trace, r"parallel\.(\d+)\.combined"):
+        layer = f"parallel.{i}"
+        comb = trace[f"{layer}.combined"].float()  # (B, T, w)
+        paths = [(j, trace[f"{layer}.{kind}.{j}.out"].float())
+                 for kind in ("paths", "blocks") for (j,) in numbered(trace, rf"parallel\.{i}\.{kind}\.(\d+)\.out")]
+        if not paths:
+            continue
+        B, T, _ = comb.shape
+        if any(p.shape != comb.shape for _, p in paths):
+            notes.append(f"{layer}: combined output has width {comb.shape[-1]} but paths have "
+                         f"{paths[0][1].shape[-1]} (fused grow projection); cosine undefined")
+            cos = torch.full((len(paths), B, T), float("nan"))
+            dom = torch.zeros((len(paths), B, T), dtype=torch.bool)
+        else:
+            cos = torch.stack([F.cosine_similarity(p, comb, dim=-1) for _, p in paths])  # (P, B, T)
+            dom = F.one_hot(cos.argmax(0), len(paths)).permute(2, 0, 1).bool()
+        opts = np.array([j for j, _ in paths])
+        b, t, o = _grid(B, T, len(paths))
+        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: opts[o],
+                                    C.COSINE: _np(cos.permute(1, 2, 0)).ravel(),
+                                    C.DOMINANT: _np(dom.permute(1, 2, 0)).ravel()}))
+    df = _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.OPTION, C.COSINE, C.DOMINANT])
+    df.attrs["notes"] = notes
+    return df
+
+
+# --- ParallelGPT --------------------------------------------------------------------------------
+
+def pgpt_paths(trace: Trace) -> pd.DataFrame:
+    """Per batch row, position and path: the learned mixing weight w_j of the call (already
+    renormalised, 0 where dropped), the norm ||w_j * path_j|| of its contribution to the mixed
+    output and its norm share ||w_j path_j|| / sum_k ||w_k path_k||. Dropped paths (not run) get
+    norm and share 0."""
+    w = site(trace, "mixer.weights").float()  # (P,)
+    outs = {j: trace[f"paths.{j}.out"].float() for (j,) in numbered(trace, r"paths\.(\d+)\.out")}
+    if not outs:
+        raise ValueError("the trace has no paths.{j}.out sites; trace a ParallelGPT call with tracing()")
+    B, T, _ = next(iter(outs.values())).shape
+    P = w.shape[0]
+    norms = torch.stack([(w[j] * outs[j]).norm(dim=-1) if j in outs else torch.zeros(B, T) for j in range(P)])
+    share = norms / norms.sum(0).clamp_min(1e-30)  # (P, B, T)
+    dom = F.one_hot(norms.argmax(0), P).permute(2, 0, 1).bool()
+    b, t, o = _grid(B, T, P)
+    flat = lambda x: _np(x.permute(1, 2, 0)).ravel()  # noqa: E731  (P, B, T) -> rows in (b, t, o) order
+    return pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: "paths", C.OPTION: o, C.WEIGHT: _np(w)[o],
+                         C.NORM: flat(norms), C.SHARE: flat(share), C.DOMINANT: flat(dom)})
+
+
+# --- Wiola: ATM, DSFF, GCLA ---------------------------------------------------------------------
+
+def merge_pairs(cos: Sequence[float], tau: float) -> list[tuple[int, int]]:
+    """Greedy left-to-right ATM merging from adjacent cosines cos[t] = cos(x_t, x_{t+1}): t merges
+    with t + 1 when cos[t] > tau and t is not already merged with t - 1 (pairs never overlap)."""
+    pairs, t = [], 0
+    while t < len(cos):
+        if cos[t] > tau:
+            pairs.append((t, t + 1))
+            t += 2
+        else:
+            t += 1
+    return pairs
+
+
+def _groups_from_pairs(pairs: list[tuple[int, int]], T: int) -> list[int]:
+    second = {b for _, b in pairs}
+    groups, g = [], -1
+    for t in range(T):
+        g += t not in second
+        groups.append(g)
+    return groups
+
+
+def atm_merges(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
+    """Per batch row, active ATM layer ("blocks.{i}.atm") and position: the adjacent cosine
+    cos(x_t, x_{t+1}) (NaN at the last position), the merge group, the partner position (NA when
+    unmerged), and per (row, layer) the merge ratio mu = tokens removed by merging / T and the
+    attention-FLOP saving mu (2 - mu) = 1 - (1 - mu)^2.
+
+    tau None: the merge map the model recorded (its own threshold). A number: merges recomputed
+    greedily from the recorded cosines at that threshold, as the model would have merged (no
+    retraining needed). Needs a call traced with atm=True (or a model with atm_inference)."""
+    frames = []
+    for (i,) in numbered(trace, r"blocks\.(\d+)\.atm\.adjacent_cos"):
+        layer = f"blocks.{i}.atm"
+        cos = _np(trace[f"{layer}.adjacent_cos"])  # (B, T-1)
+        recorded = _np(site(trace, f"{layer}.merge_map")) if tau is None else None
+        B, T = cos.shape[0], cos.shape[1] + 1
+        for b in range(B):
+            if tau is None:
+                g = recorded[b].tolist()
+                pairs = [(t, t + 1) for t in range(T - 1) if g[t] == g[t + 1]]
+            else:
+                pairs = merge_pairs(cos[b].tolist(), tau)
+            partner: list[Any] = [pd.NA] * T
+            for a, c in pairs:
+                partner[a], partner[c] = c, a
+            mu = len(pairs) / T
+            frames.append(pd.DataFrame({
+                C.BATCH: b, C.LAYER: layer, C.POSITION: np.arange(T), C.ADJACENT_COS: np.append(cos[b], np.nan),
+                C.GROUP: _groups_from_pairs(pairs, T), C.PARTNER: pd.array(partner, dtype="Int64"),
+                C.MERGED: [p is not pd.NA for p in partner], C.TAU: np.nan if tau is None else float(tau),
+                C.MU: mu, C.FLOP_SAVING: mu * (2 - mu)}))
+    return _concat(frames, [C.BATCH, C.LAYER, C.POSITION, C.ADJACENT_COS, C.GROUP, C.PARTNER, C.MERGED,
+                            C.TAU, C.MU, C.FLOP_SAVING])
+
+
+def atm_summary(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
+    """Per batch row and ATM layer: tokens, merged pairs, mu and the attention-FLOP saving."""
+    df = atm_merges(trace, tau=tau)
+    keys = [C.BATCH, C.LAYER]
+    out = df.groupby(keys, sort=False).agg(**{C.N_TOKENS: (C.POSITION, "size"), C.N_PAIRS: (C.MERGED, "sum"),
+                                             C.TAU: (C.TAU, "first"), C.MU: (C.MU, "first"),
+                                             C.FLOP_SAVING: (C.FLOP_SAVING, "first")}).reset_index()
+    out[C.N_PAIRS] = (out[C.N_PAIRS] // 2).astype("int64")
+    return out
+
+
+def dsff_gates(trace: Trace) -> pd.DataFrame:
+    """Per batch row, position and DSFF layer ("blocks.{i}.dsff"): alpha (the per-dimension weight
+    of stream A) averaged over the model dimension. In ATM blocks the gate is recorded per merged
+    group; it is mapped back to every position of the group with the recorded merge map."""
+    frames = []
+    for (i,) in numbered(trace, r"blocks\.(\d+)\.dsff\.gate"):
+        g = trace[f"blocks.{i}.dsff.gate"].float().mean(-1)  # (B, T) or (B, G) in ATM blocks
+        mm = f"blocks.{i}.atm.merge_map"
+        if mm in trace:
+            g = g.gather(1, trace[mm])  # (B, T): each position gets its group's value
+        B, T = g.shape
+        b, t = _grid(B, T)
+        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: f"blocks.{i}.dsff",
+                                    C.GATE_MEAN: _np(g).ravel()}))
+    return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.GATE_MEAN])
+
+
+def gcla_betas(trace: Trace) -> pd.DataFrame:
+    """Per Wiola block with cross-layer attention ("blocks.{i}.attn"; block 0 has none): beta."""
+    rows = [(f"blocks.{i}.attn", float(trace[f"blocks.{i}.attn.gcla_beta"]))
+            for (i,) in numbered(trace, r"blocks\.(\d+)\.attn\.gcla_beta")]
+    return pd.DataFrame(rows, columns=[C.LAYER, C.BETA])
+
+
+# --- PAGMLP ------------------------------------------------------------------------------------
+
+PAGMLP_LABELS = ("swiglu", "geglu")
+
+
+def pagmlp_pathways(trace: Trace, model: Any) -> pd.DataFrame:
+    """Per batch row, position, PAGMLP layer ("blocks.{i}.ffn") and pathway (0 SwiGLU, 1 GEGLU):
+    the pathway scale (alpha / beta), the norm of its scaled activation, the norm of its output
+    contribution down.weight[:, half] @ act (from the model's weights; the shared down bias, if
+    any, belongs to neither) and its share of the two output norms. Takes the model for the
+    down projections."""
+    frames = []
+    for (i,) in numbered(trace, r"blocks\.(\d+)\.ffn\.alpha"):
+        layer = f"blocks.{i}.ffn"
+        down = model.get_submodule(layer).down.weight.detach().float()  # (d, h)
+        half = down.shape[1] // 2
+        scales = [float(trace[f"{layer}.alpha"]), float(trace[f"{layer}.beta"])]
+        acts = [site(trace, f"{layer}.swiglu_out").float(), site(trace, f"{layer}.geglu_out").float()]
+        act_norm = torch.stack([a.norm(dim=-1) for a in acts])  # (2, B, T)
+        out_norm = torch.stack([(acts[0] @ down[:, :half].T).norm(dim=-1), (acts[1] @ down[:, half:].T).norm(dim=-1)])
+        share = out_norm / out_norm.sum(0).clamp_min(1e-30)
+        _, B, T = act_norm.shape
+        b, t, o = _grid(B, T, 2)
+        flat = lambda x: _np(x.permute(1, 2, 0)).ravel()  # noqa: E731  (2, B, T) -> rows in (b, t, o) order
+        frames.append(pd.DataFrame({
+            C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o, C.LABEL: np.array(PAGMLP_LABELS)[o],
+            C.SCALE: np.array(scales)[o], C.ACT_NORM: flat(act_norm), C.OUT_NORM: flat(out_norm),
+            C.SHARE: flat(share)}))
+    return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.OPTION, C.LABEL, C.SCALE, C.ACT_NORM, C.OUT_NORM,
+                            C.SHARE])
+
+
+def _concat(frames: list[pd.DataFrame], cols: list[str]) -> pd.DataFrame:
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
+def routing_table(trace: Trace, model: Any, *, meta: Any) -> pd.DataFrame:
+    """The export table (`analysis.columns.EXPORT_SCHEMA`) of one traced call, for any family.
+    Pure; see `analysis.table.routing_table`."""
+    from .table import routing_table as _table
+    return _table(trace, model, meta=meta)

@@ -1,0 +1,64 @@
+"""Ablation effects on next-token distributions and generation diffs."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from analysis import columns as C
+from analysis.effects import ablation_effects, first_divergence, generation_diff
+from core_models import Ablation
+from core_models.generate import generate
+from tiny_models import tiny_model
+
+
+def test_ablation_effects_by_hand():
+    model = tiny_model("share_linear")
+    x = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(2))
+    ab = Ablation(drop=(("parallel.0", 0), ("parallel.1", 2)))
+    df = ablation_effects(model, x, ab)
+    assert len(df) == 12
+    with torch.no_grad():
+        p = torch.softmax(model(x).logits, -1)
+        q = torch.softmax(model(x, ablation=ab).logits, -1)
+    for (b, t), row in df.set_index([C.BATCH, C.POSITION]).iterrows():
+        kl = float(sum(p[b, t, v] * (torch.log(p[b, t, v]) - torch.log(q[b, t, v])) for v in range(97)))
+        assert row[C.KL] == pytest.approx(kl, abs=1e-5)
+        top = int(p[b, t].argmax())
+        assert row[C.BASE_TOP] == top and row[C.ABLATED_TOP] == int(q[b, t].argmax())
+        assert row[C.FLIPPED] == (top != int(q[b, t].argmax()))
+        assert row[C.BASE_PROB] == pytest.approx(float(p[b, t, top]), rel=1e-5)
+        assert row[C.ABLATED_PROB] == pytest.approx(float(q[b, t, top]), rel=1e-5)
+        assert row[C.TOKEN_ID] == int(x[b, t])
+    assert (df[C.KL] >= -1e-6).all() and df[C.KL].max() > 0
+    assert ablation_effects(model, x[0].tolist(), Ablation())[C.KL].abs().max() < 1e-6
+
+
+def test_generation_diff_alignment():
+    df = generation_diff([1, 2, 3, 4, 5], [1, 2, 9, 4, 5, 6])
+    assert df[C.OP].tolist() == ["equal", "equal", "replace", "equal", "equal", "insert"]
+    assert df[C.CHANGED].tolist() == [False, False, True, False, False, True]
+    assert df[C.BASE_INDEX].tolist()[-1] is pd.NA and df[C.ABLATED_TOKEN_ID].tolist()[-1] == 6
+    assert first_divergence(df) == 2
+    d = generation_diff([7, 8, 9], [7, 9])
+    assert d[C.OP].tolist() == ["equal", "delete", "equal"] and first_divergence(d) == 1
+    assert first_divergence(generation_diff([1, 2], [1, 2])) is None
+    assert first_divergence(generation_diff([1, 2], [1, 2, 3])) == 2
+
+
+def test_generation_diff_of_real_generations():
+    model = tiny_model("pgpt3")
+    base = generate(model, [3, 4, 5], max_new_tokens=8)
+    abl = generate(model, [3, 4, 5], max_new_tokens=8, ablation=Ablation(drop=(("paths", 0),)))
+
+    class Tok:
+        def decode(self, ids):
+            return "|".join(map(str, ids))
+
+    df = generation_diff(base, abl, tokenizer=Tok())
+    kept = df[df[C.BASE_INDEX].notna()]
+    assert kept[C.BASE_TOKEN_ID].tolist() == base.new_ids
+    assert kept[C.BASE_TOKEN].tolist() == [str(i) for i in base.new_ids]
+    assert kept[C.BASE_PROB].tolist() == [s.prob for s in base.steps]
+    same = df[~df[C.CHANGED]]
+    assert (same[C.BASE_TOKEN_ID] == same[C.ABLATED_TOKEN_ID]).all()
