@@ -284,3 +284,23 @@ def iter_csv_cells(path: str | os.PathLike) -> Iterable[list[str]]:
     """Raw records of a CSV as the csv module sees them (for inspection and tests)."""
     with open(path, encoding="utf-8", newline="") as f:
         yield from csv.reader(f)
+
+
+# --- in-memory exports (downloads) -------------------------------------------------------------
+
+def table_bytes(df: pd.DataFrame, fmt: str) -> bytes:
+    """The export table as CSV or Parquet bytes, written exactly as `write_table` writes files."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"table.{fmt}"
+        write_table(df, path)
+        return path.read_bytes()
+
+
+def frame_csv_bytes(df: pd.DataFrame) -> bytes:
+    """Any small report table as CSV bytes with the same safety rules for text cells (escapes,
+    formula neutralising); other columns are written as pandas writes them."""
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype == object or str(out[c].dtype).startswith("string"):
+            out[c] = [NA_TEXT if v is None or v is pd.NA else escape_text(str(v)) for v in out[c]]
+    return out.to_csv(index=False, lineterminator="\r\n").encode("utf-8")

@@ -158,3 +158,29 @@ def provenance(run: Run) -> dict[str, Any]:
     """What an export needs to be reproduced."""
     return {"model": run.model_name, "family": run.family, "prompt": run.prompt,
             "settings": asdict(run.settings), "ablation": run.ablation.describe()}
+
+
+def option_labels(model: Any) -> dict[str, list[str]]:
+    """Human names of the options of every routing layer (what an ablation toggle drops)."""
+    c, out = model.config, {}
+    for layer, n in model.routing_layers().items():
+        if c.family == "papaformer":
+            names = [f"path {j + 1}" for j in range(c.n_paths)] + (["combined"] if n > c.n_paths else [])
+        elif c.family == "pgpt":
+            names = [f"path {j + 1}" for j in range(n)]
+        elif c.family == "moep":
+            names = [f"{'expert' if layer.startswith('moe_') else 'block'} {j}" for j in range(n)]
+        elif c.family == "wiola":
+            names = ["stream A (SwiGLU)", "stream B (GELU)"]
+        elif layer.endswith(".ffn"):
+            names = ["SwiGLU pathway", "GEGLU pathway"]
+        else:
+            names = [f"option {j}" for j in range(n)]
+        out[layer] = names
+    return out
+
+
+def can_force(model: Any) -> bool:
+    """Whether forcing a route means something beyond dropping the others (a router decides)."""
+    c = model.config
+    return (c.family == "papaformer" and c.combiner != "share_linear") or c.family in ("moep", "pgpt", "wiola")

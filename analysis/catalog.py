@@ -1,0 +1,77 @@
+"""Find checkpoint directories and describe them from their config and training summary."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_ROOTS = "ROUTESCOPE_CHECKPOINTS"  # extra roots, separated by os.pathsep
+DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    name: str
+    path: str
+    family: str
+    params: int | None = None
+    params_active: int | None = None
+    val_loss: dict[str, float] = field(default_factory=dict)
+    has_tokenizer: bool = False
+    problem: str | None = None  # why it cannot be opened, if it cannot
+
+    def label(self) -> str:
+        parts = [self.name, self.family]
+        if self.params:
+            parts.append(f"{self.params / 1e6:.2f}M params")
+        if self.val_loss:
+            parts.append("val " + " / ".join(f"{d} {v:.2f}" for d, v in self.val_loss.items()))
+        return " · ".join(parts)
+
+
+def checkpoint_roots(extra: list[str] | None = None) -> list[Path]:
+    roots = [DEFAULT_ROOT] + [Path(p) for p in os.environ.get(ENV_ROOTS, "").split(os.pathsep) if p]
+    roots += [Path(p) for p in extra or []]
+    seen, out = set(), []
+    for r in roots:
+        key = r.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def describe(path: str | os.PathLike) -> CheckpointInfo:
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return CheckpointInfo(path.name, str(path), "?", problem=f"config.json unreadable ({e})")
+    family = str(config.get("family", "?"))
+    if family == "papaformer":
+        family = f"papaformer/{config.get('combiner', '?')}"
+    elif family == "llama" and config.get("ffn") == "pagmlp":
+        family = "llama/pagmlp"
+    summary = {}
+    if (path / "training.json").is_file():
+        try:
+            summary = json.loads((path / "training.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            summary = {}
+    problem = None if (path / "model.safetensors").is_file() else "no model.safetensors"
+    return CheckpointInfo(name=path.name, path=str(path), family=family, params=summary.get("params_total"),
+                          params_active=summary.get("params_active"), val_loss=summary.get("val_loss", {}),
+                          has_tokenizer=(path / "tokenizer.json").is_file(), problem=problem)
+
+
+def list_checkpoints(roots: list[Path] | None = None) -> list[CheckpointInfo]:
+    """Every directory with a config.json directly under the roots, sorted by name."""
+    found = []
+    for root in roots if roots is not None else checkpoint_roots():
+        if not root.is_dir():
+            continue
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and not d.name.startswith(".") and (d / "config.json").is_file():
+                found.append(describe(d))
+    return found

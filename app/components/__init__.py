@@ -1,0 +1,1 @@
+"""Functions returning plotly figures or HTML, testable without Streamlit."""

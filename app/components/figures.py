@@ -1,0 +1,203 @@
+"""Plotly figures built from the analysis tables (no Streamlit here, so they are testable alone)."""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from analysis import columns as C
+
+PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
+
+
+def show_token(tok: str) -> str:
+    """Make whitespace and control characters visible on an axis or in a tooltip."""
+    out = tok.replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍")
+    out = "".join(ch if ch.isprintable() or ch == " " else f"\\x{ord(ch):02x}" for ch in out)
+    return out if out.strip() else out.replace(" ", "␣") or "∅"
+
+
+def _axis(fig: go.Figure, tokens: list[str], n_prompt: int | None) -> None:
+    ticks = [f"{show_token(t)}" for t in tokens]
+    fig.update_xaxes(tickmode="array", tickvals=list(range(len(tokens))), ticktext=ticks, tickangle=-60,
+                     tickfont=dict(size=10))
+    if n_prompt is not None and 0 < n_prompt < len(tokens):  # prompt | generated boundary
+        fig.add_vline(x=n_prompt - 0.5, line=dict(color="#444", dash="dot", width=1))
+
+
+def _layout(fig: go.Figure, title: str, n_rows: int) -> go.Figure:
+    fig.update_layout(title=title, height=max(220, 70 + 34 * n_rows), margin=dict(l=10, r=10, t=40, b=10),
+                      plot_bgcolor="white")
+    return fig
+
+
+def _discrete_scale(n: int) -> list[list]:
+    cols = [PALETTE[i % len(PALETTE)] for i in range(n)]
+    scale = []
+    for i, c in enumerate(cols):
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    return scale
+
+
+def choice_heatmap(z: np.ndarray, hover: np.ndarray, layers: list[str], tokens: list[str], labels: list[str],
+                   title: str, n_prompt: int | None = None) -> go.Figure:
+    """Layer x token heatmap of a discrete choice (path / block / expert), hover with details."""
+    n = max(1, len(labels))
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(range(len(tokens))), y=layers, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+        colorscale=_discrete_scale(n), zmin=-0.5, zmax=n - 0.5, xgap=1, ygap=1,
+        colorbar=dict(tickmode="array", tickvals=list(range(n)), ticktext=labels, title="")))
+    _axis(fig, tokens, n_prompt)
+    return _layout(fig, title, len(layers))
+
+
+def value_heatmap(z: np.ndarray, hover: np.ndarray, layers: list[str], tokens: list[str], title: str,
+                  n_prompt: int | None = None, zmin: float | None = None, zmax: float | None = None,
+                  colorscale: str = "Viridis", colorbar_title: str = "") -> go.Figure:
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(len(tokens))), y=layers, customdata=hover,
+                               hovertemplate="%{customdata}<extra></extra>", colorscale=colorscale, zmin=zmin,
+                               zmax=zmax, xgap=1, ygap=1, colorbar=dict(title=colorbar_title)))
+    _axis(fig, tokens, n_prompt)
+    return _layout(fig, title, len(layers))
+
+
+def _grid(df: pd.DataFrame, value: str, layers: list[str], T: int, fill=np.nan) -> np.ndarray:
+    z = np.full((len(layers), T), fill, dtype=float)
+    li = {l: i for i, l in enumerate(layers)}
+    z[df[C.LAYER].map(li).to_numpy(), df[C.POSITION].to_numpy()] = df[value].to_numpy(dtype=float)
+    return z
+
+
+def _hover(df: pd.DataFrame, layers: list[str], T: int, tokens: list[str], line) -> np.ndarray:
+    """Hover text per (layer, position): token, layer, then one line per option row."""
+    out = np.full((len(layers), T), "", dtype=object)
+    li = {l: i for i, l in enumerate(layers)}
+    for (layer, pos), g in df.groupby([C.LAYER, C.POSITION], sort=False):
+        head = f"<b>{html.escape(show_token(tokens[pos]))}</b> (pos {pos})<br>{layer}"
+        out[li[layer], pos] = head + "".join("<br>" + line(r) for r in g.itertuples(index=False))
+    return out
+
+
+def _layers(df: pd.DataFrame) -> list[str]:
+    return sorted(df[C.LAYER].unique(), key=lambda l: [int(p) if p.isdigit() else p for p in l.split(".")])
+
+
+def gumbel_figure(view: pd.DataFrame, tokens: list[str], labels: list[str], n_prompt: int | None) -> go.Figure:
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v), len(tokens)
+    z = _grid(v[v[C.SELECTED]], C.OPTION, layers, T)
+    hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.selected else ''}{r.label}: {r.prob:.1%}")
+    return choice_heatmap(z, hover, layers, tokens, labels, "Gumbel route per token (noise-free probabilities on hover)",
+                          n_prompt)
+
+
+def cosine_figure(view: pd.DataFrame, tokens: list[str], n_paths: int, n_prompt: int | None) -> go.Figure:
+    v = view[(view[C.BATCH] == 0) & view[C.COSINE].notna()]
+    layers, T = _layers(v), len(tokens)
+    z = _grid(v[v[C.DOMINANT]], C.OPTION, layers, T)
+    hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.dominant else ''}path {r.option + 1}: cos {r.cosine:.3f}")
+    return choice_heatmap(z, hover, layers, tokens, [f"path {j + 1}" for j in range(n_paths)],
+                          "Cosine dominance: the path most aligned with the combined output", n_prompt)
+
+
+def topk_figure(view: pd.DataFrame, tokens: list[str], n_options: dict[str, int], n_prompt: int | None) -> go.Figure:
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v), len(tokens)
+    z = _grid(v[v[C.RANK] == 0], C.OPTION, layers, T)
+    hover = _hover(v, layers, T, tokens, lambda r: f"#{r.rank + 1} option {r.option}: weight {r.weight:.3f} (p {r.prob:.3f})")
+    n = max(n_options.values()) if n_options else 1
+    return choice_heatmap(z, hover, layers, tokens, [f"{j}" for j in range(n)],
+                          "Top-k routing: first choice per token (all selections on hover)", n_prompt)
+
+
+def share_figure(view: pd.DataFrame, tokens: list[str], value: str, option: int, title: str, label,
+                 n_prompt: int | None) -> go.Figure:
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v), len(tokens)
+    z = _grid(v[v[C.OPTION] == option], value, layers, T)
+    hover = _hover(v, layers, T, tokens, label)
+    return value_heatmap(z, hover, layers, tokens, title, n_prompt, zmin=0.0, zmax=1.0, colorscale="RdBu",
+                         colorbar_title=value)
+
+
+def gate_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | None) -> go.Figure:
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v), len(tokens)
+    z = _grid(v, C.GATE_MEAN, layers, T)
+    hover = _hover(v, layers, T, tokens, lambda r: f"mean alpha (stream A): {r.gate_mean:.3f}")
+    return value_heatmap(z, hover, layers, tokens, "DSFF gate: mean alpha (weight of the narrow SwiGLU stream)",
+                         n_prompt, zmin=0.0, zmax=1.0, colorscale="RdBu", colorbar_title="alpha")
+
+
+def bar_figure(labels: list[str], values: list[float], title: str, y_title: str = "",
+               colors: list[str] | None = None) -> go.Figure:
+    fig = go.Figure(go.Bar(x=labels, y=values, marker_color=colors or PALETTE[0],
+                           hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
+    fig.update_layout(title=title, yaxis_title=y_title, height=300, margin=dict(l=10, r=10, t=40, b=10))
+    return fig
+
+
+def grouped_bars(df: pd.DataFrame, x: str, y: str, group: str, title: str, y_title: str = "") -> go.Figure:
+    fig = go.Figure()
+    for i, (name, g) in enumerate(df.groupby(group, sort=False)):
+        fig.add_bar(x=g[x].astype(str), y=g[y], name=str(name), marker_color=PALETTE[i % len(PALETTE)])
+    fig.update_layout(title=title, barmode="group", yaxis_title=y_title, height=320,
+                      margin=dict(l=10, r=10, t=40, b=10))
+    return fig
+
+
+def candidates_figure(tokens: list[str], probs: list[float], chosen: str, position: int) -> go.Figure:
+    labels = [show_token(t) for t in tokens]
+    colors = [PALETTE[1] if t == chosen else PALETTE[0] for t in tokens]
+    fig = go.Figure(go.Bar(x=probs[::-1], y=labels[::-1], orientation="h", marker_color=colors[::-1],
+                           text=[f"{p:.1%}" for p in probs[::-1]], textposition="outside",
+                           hovertemplate="%{y}: %{x:.4%}<extra></extra>"))
+    fig.update_layout(title=f"Next-token candidates at position {position}", xaxis=dict(range=[0, 1.1],
+                      tickformat=".0%"), height=60 + 26 * len(tokens), margin=dict(l=10, r=10, t=40, b=10))
+    return fig
+
+
+def kl_figure(effects: pd.DataFrame, tokens: list[str]) -> go.Figure:
+    e = effects[effects[C.BATCH] == 0]
+    colors = [PALETTE[3] if f else PALETTE[0] for f in e[C.FLIPPED]]
+    hover = [f"{html.escape(show_token(tokens[p]))} (pos {p})<br>KL {k:.4f} nats<br>p(base top-1): {a:.3f} → {b:.3f}"
+             f"{'<br><b>top-1 flipped</b>' if f else ''}"
+             for p, k, a, b, f in zip(e[C.POSITION], e[C.KL], e[C.BASE_PROB], e[C.ABLATED_PROB], e[C.FLIPPED])]
+    fig = go.Figure(go.Bar(x=e[C.POSITION], y=e[C.KL], marker_color=colors, customdata=hover,
+                           hovertemplate="%{customdata}<extra></extra>"))
+    _axis(fig, tokens[:len(e)], None)
+    fig.update_layout(title="KL(base ‖ ablated) of the next-token distribution per position (red: top-1 flipped)",
+                      yaxis_title="nats", height=320, margin=dict(l=10, r=10, t=40, b=10))
+    return fig
+
+
+def attribution_figure(tokens: list[str], values: list[float], title: str) -> go.Figure:
+    colors = [PALETTE[2] if v >= 0 else PALETTE[3] for v in values]
+    fig = go.Figure(go.Bar(x=list(range(len(tokens))), y=values, marker_color=colors,
+                           customdata=[html.escape(show_token(t)) for t in tokens],
+                           hovertemplate="%{customdata}: %{y:.4f}<extra></extra>"))
+    _axis(fig, tokens, None)
+    fig.update_layout(title=title, height=320, margin=dict(l=10, r=10, t=40, b=10))
+    return fig
+
+
+def atm_figure(merges: pd.DataFrame, tokens: list[str], tau: float) -> go.Figure:
+    """Per active ATM layer: the adjacent-cosine strip, with merged pairs bracketed above it."""
+    m = merges[merges[C.BATCH] == 0]
+    layers = _layers(m)
+    T = len(tokens)
+    z = _grid(m, C.ADJACENT_COS, layers, T)
+    hover = _hover(m, layers, T, tokens,
+                   lambda r: f"cos(t, t+1) {r.adjacent_cos:.3f}" + (f"<br>merged with {r.partner}" if r.merged else ""))
+    fig = value_heatmap(z, hover, layers, tokens, f"ATM adjacent cosines; merged pairs bracketed (tau = {tau:.2f})",
+                        None, zmin=-1.0, zmax=1.0, colorscale="RdBu_r", colorbar_title="cos")
+    for li, layer in enumerate(layers):
+        rows = m[(m[C.LAYER] == layer) & m[C.MERGED]]
+        for a in sorted(int(p) for p, q in zip(rows[C.POSITION], rows[C.PARTNER]) if int(q) > int(p)):
+            y0, y1 = li + 0.2, li + 0.42
+            fig.add_shape(type="path", path=f"M {a - 0.3},{y0} L {a - 0.3},{y1} L {a + 1.3},{y1} L {a + 1.3},{y0}",
+                          line=dict(color="black", width=2))
+    fig.update_layout(height=max(240, 90 + 60 * len(layers)))
+    return fig

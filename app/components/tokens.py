@@ -1,0 +1,50 @@
+"""HTML for the generated text: every token hoverable with its top-k candidates, and the diff."""
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+from analysis import columns as C
+
+from .figures import show_token
+
+CSS = """
+<style>
+.rs-text {font-family: ui-monospace, Menlo, monospace; line-height: 2.0; white-space: pre-wrap;}
+.rs-tok {padding: 1px 1px; border-radius: 3px; cursor: help;}
+.rs-prompt {color: #555;}
+.rs-gen {background: #e8f0fb;}
+.rs-low {background: #fde2c8;}
+.rs-changed {background: #f9c0c0; font-weight: 600;}
+.rs-added {background: #c8eac8; font-weight: 600;}
+</style>
+"""
+
+
+def _span(text: str, cls: str, title: str = "") -> str:
+    t = f' title="{html.escape(title, quote=True)}"' if title else ""
+    return f'<span class="rs-tok {cls}"{t}>{html.escape(text)}</span>'
+
+
+def generation_html(tokens: list[str], n_prompt: int, steps, decode) -> str:
+    """The prompt, then each generated token with a tooltip "girl 99.5% / boy 0.5% / ..."."""
+    parts = [_span(t, "rs-prompt") for t in tokens[:n_prompt]]
+    for s in steps:
+        cands = "\n".join(f"{show_token(decode(i))}  {p:.1%}" for i, p in zip(s.top_ids, s.top_probs))
+        title = f"position {s.position}: p = {s.prob:.1%}\n{cands}"
+        parts.append(_span(tokens[s.position], "rs-gen" if s.prob >= 0.5 else "rs-low", title))
+    return CSS + f'<div class="rs-text">{"".join(parts)}</div>'
+
+
+def diff_html(diff: pd.DataFrame, side: str) -> str:
+    """One side ("base" or "ablated") of the continuation diff, changed tokens highlighted."""
+    token_col = C.BASE_TOKEN if side == "base" else C.ABLATED_TOKEN
+    parts = []
+    for r in diff.itertuples(index=False):
+        tok = getattr(r, token_col)
+        if tok is pd.NA or tok is None:
+            continue
+        cls = "" if r.op == "equal" else ("rs-changed" if r.op == "replace" else "rs-added")
+        parts.append(_span(tok, cls, r.op))
+    return CSS + f'<div class="rs-text">{"".join(parts) or "<i>(nothing generated)</i>"}</div>'

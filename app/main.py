@@ -1,0 +1,90 @@
+"""RouteScope explorer. Run with `routescope app` (or `streamlit run app/main.py`)."""
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
+
+from app import resources  # noqa: E402  (set_page_config must come first)
+from app import state as K  # noqa: E402
+from app.views import ablation, attribution, diff, export, generation, routing, sidebar, table6  # noqa: E402
+from core_models.runtime import Ablation  # noqa: E402
+
+DEFAULT_PROMPT = "Once upon a time, there was a little"
+TABS = ["Generation", "Routing", "Ablation diff", "Attribution", "Table 6", "Export"]
+
+
+def error_box(where: str, e: Exception) -> None:
+    """Every error names its problem; no traceback reaches the page."""
+    st.error(f"{where}: {e}" if isinstance(e, ValueError) else f"{where}: {type(e).__name__}: {e}")
+
+
+@st.fragment
+def explorer(path: str, mtime: float, prompt: str, settings) -> None:
+    """Everything that follows an ablation toggle; reruns alone when a toggle changes."""
+    model, tok = resources.load(path, mtime)
+    left, right = st.columns([1, 4], gap="medium")
+    with left:
+        st.subheader("Switch off")
+        ab = ablation.controls(model)
+    t0 = time.perf_counter()
+    try:
+        base = resources.run(path, mtime, prompt, settings, Ablation())
+        cur = base if ab.is_empty else resources.run(path, mtime, prompt, settings, ab)
+        eff = None if ab.is_empty else resources.effects(path, mtime, tuple(base.ids), ab, settings.routing,
+                                                         settings.seed)
+    except Exception as e:
+        with right:
+            error_box("Cannot run this prompt" if ab.is_empty else f"Ablation {ab.describe()}", e)
+        return
+    elapsed = time.perf_counter() - t0
+    with right:
+        st.caption(f"Ablation: **{ab.describe()}** · updated in {elapsed * 1000:.0f} ms "
+                   f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
+                   help="Runs are cached per checkpoint, prompt, settings and ablation.")
+        tabs = st.tabs(TABS)
+        with tabs[0]:
+            generation.show(cur, tok)
+        with tabs[1]:
+            figs = routing.show(cur, model)
+        with tabs[2]:
+            diff.show(base, cur, eff, tok)
+        with tabs[3]:
+            try:
+                attribution.show(cur, model, tok, path, mtime)
+            except Exception as e:
+                error_box("Attribution", e)
+        with tabs[4]:
+            try:
+                t6 = table6.show(model, path, mtime)
+            except Exception as e:
+                error_box("Table 6", e)
+                t6 = None
+        with tabs[5]:
+            export.show(cur, tok, figs, t6)
+
+
+def main() -> None:
+    sel = sidebar.sidebar()
+    if sel is None:
+        st.stop()
+    prompt = st.text_area("Prompt", DEFAULT_PROMPT, key=K.PROMPT, height=80)
+    path, mtime = sel.info.path, resources.stamp(sel.info.path)
+    try:
+        model, tok = resources.load(path, mtime)
+    except Exception as e:
+        error_box(f"Cannot open {sel.info.name}", e)
+        st.stop()
+    if tok is None:
+        st.warning(f"{sel.info.name} has no tokenizer.json: text prompts need a tokenizer "
+                   "(import it again with --tokenizer).")
+        st.stop()
+    if not prompt.strip():
+        st.warning("The prompt is empty: type some text for the model to continue.")
+        st.stop()
+    explorer(path, mtime, prompt, sel.settings)
+
+
+main()

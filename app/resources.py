@@ -1,0 +1,98 @@
+"""Cached resources, shared by every browser session: loaded checkpoints and analysed runs.
+
+Both are keyed by everything that changes them (checkpoint path and modification time; prompt,
+settings and ablation), and are read-only once made, so sessions never see each other's state.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+import torch
+
+from analysis.attribution import PathAttribution, TokenAttribution
+from analysis.domain import probe_routes
+from analysis.effects import ablation_effects
+from analysis.session import RunSettings, run_prompt
+from core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint
+from core_models.runtime import Ablation
+
+# Small models run fastest on one thread, and a second thread would fight other sessions.
+torch.set_num_threads(int(os.environ.get("ROUTESCOPE_THREADS", "1")))
+
+MAX_UPLOAD_BYTES = 100 * 2**20
+UPLOAD_FILES = (CONFIG, WEIGHTS, TOKENIZER)
+
+
+def stamp(path: str) -> float:
+    """Modification time of a checkpoint's weights: a retrained checkpoint is reloaded."""
+    try:
+        return os.path.getmtime(Path(path) / WEIGHTS)
+    except OSError:
+        return 0.0
+
+
+@st.cache_resource(max_entries=24, show_spinner="Loading checkpoint…")
+def load(path: str, mtime: float):
+    return load_checkpoint(path)
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def run(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation):
+    model, tok = load(path, mtime)
+    return run_prompt(model, tok, prompt, settings=settings, ablation=ablation, model_name=Path(path).name)
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def effects(path: str, mtime: float, ids: tuple[int, ...], ablation: Ablation, routing: str, seed: int):
+    model, _ = load(path, mtime)
+    return ablation_effects(model, list(ids), ablation, routing=routing, seed=seed)
+
+
+@st.cache_resource(max_entries=64, show_spinner="Attributing…")
+def token_attribution(path: str, mtime: float, ids: tuple[int, ...], position: int, token: int):
+    model, _ = load(path, mtime)
+    return TokenAttribution(model).attribute(list(ids), position, token)
+
+
+@st.cache_resource(max_entries=64, show_spinner="Attributing to paths…")
+def path_attribution(path: str, mtime: float, ids: tuple[int, ...], position: int, token: int, method: str):
+    model, _ = load(path, mtime)
+    return PathAttribution(model).attribute(list(ids), position, token, method=method)
+
+
+@st.cache_resource(max_entries=32, show_spinner="Routing the probe prompts…")
+def table6_routes(path: str, mtime: float, probes_tsv: str, majority: bool):
+    import io
+
+    from analysis.domain import read_probes
+    model, tok = load(path, mtime)
+    probes = read_probes(io.StringIO(probes_tsv))
+    return probes, probe_routes(model, tok, probes, majority=majority)
+
+
+def save_upload(files) -> str:
+    """Write uploaded checkpoint files to a fresh directory and validate it by loading it.
+    Raises ValueError naming the problem; nothing half-written is kept."""
+    by_name = {f.name: f for f in files}
+    missing = [n for n in (CONFIG, WEIGHTS) if n not in by_name]
+    if missing:
+        raise ValueError(f"upload {', '.join(missing)} too (a checkpoint is {', '.join(UPLOAD_FILES)})")
+    unknown = sorted(set(by_name) - set(UPLOAD_FILES))
+    if unknown:
+        raise ValueError(f"unexpected file(s) {', '.join(unknown)}: a checkpoint is {', '.join(UPLOAD_FILES)}")
+    for f in files:
+        if f.size > MAX_UPLOAD_BYTES:
+            raise ValueError(f"{f.name} is {f.size / 2**20:.0f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB")
+    root = Path(tempfile.mkdtemp(prefix="routescope-upload-"))
+    try:
+        for f in files:
+            (root / f.name).write_bytes(f.getvalue())
+        load_checkpoint(root)  # validates config, every tensor name and shape, the tokenizer
+    except Exception:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return str(root)

@@ -1,0 +1,32 @@
+"""Ablation diff: the unablated and the ablated continuation side by side, and KL per position."""
+from __future__ import annotations
+
+import streamlit as st
+
+from analysis import columns as C
+from analysis.effects import first_divergence, generation_diff
+from analysis.session import Run
+
+from ..components.figures import kl_figure
+from ..components.tokens import diff_html
+
+
+def show(base: Run, ablated: Run, effects, tokenizer) -> None:
+    if ablated.ablation.is_empty:
+        st.info("Switch a path, block or expert off (left) to compare against the unablated run.")
+        return
+    diff = generation_diff(base.generation, ablated.generation, tokenizer)
+    changed = int(diff[C.CHANGED].sum())
+    first = first_divergence(diff)
+    e = effects[effects[C.BATCH] == 0]
+    cols = st.columns(4)
+    cols[0].metric("changed tokens", f"{changed} / {len(diff)}")
+    cols[1].metric("first divergence", "none" if first is None else f"step {first}")
+    cols[2].metric("mean KL (nats)", f"{e[C.KL].mean():.4f}")
+    cols[3].metric("top-1 flips", int(e[C.FLIPPED].sum()))
+    left, right = st.columns(2)
+    left.markdown("**Unablated**")
+    left.markdown(diff_html(diff, "base"), unsafe_allow_html=True)
+    right.markdown(f"**Ablated** ({ablated.ablation.describe()})")
+    right.markdown(diff_html(diff, "ablated"), unsafe_allow_html=True)
+    st.plotly_chart(kl_figure(effects, base.tokens), key="kl_chart", width="stretch")

@@ -1,0 +1,93 @@
+"""Sidebar: checkpoint picker and upload, generation settings, Gumbel mode, ATM threshold."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from analysis.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
+from analysis.session import RunSettings
+
+from .. import resources
+from .. import state as K
+
+DEFAULT_CHECKPOINT = "papaformer-gumbel-v2"
+
+
+@dataclass(frozen=True)
+class Selection:
+    info: CheckpointInfo
+    settings: RunSettings
+
+
+def _pick_checkpoint() -> CheckpointInfo | None:
+    found = [c for c in list_checkpoints(checkpoint_roots()) if c.problem is None]
+    uploaded = st.session_state.get(K.UPLOADED_PATH)
+    if uploaded:
+        found.append(describe(uploaded))
+    if not found:
+        roots = ", ".join(str(r) for r in checkpoint_roots())
+        st.error(f"No checkpoints found under {roots}. Add a directory or upload one below.")
+        return None
+    labels = {c.path: c for c in found}
+    paths = list(labels)
+    default = next((i for i, c in enumerate(found) if c.name == DEFAULT_CHECKPOINT), 0)
+    if uploaded and st.session_state.pop("select_upload", False):
+        st.session_state[K.CHECKPOINT] = uploaded
+    if st.session_state.get(K.CHECKPOINT) not in labels:
+        st.session_state[K.CHECKPOINT] = paths[default]
+    path = st.selectbox("Checkpoint", paths, key=K.CHECKPOINT,
+                        format_func=lambda p: labels[p].name + ("  (uploaded)" if p == uploaded else ""))
+    info = labels[path]
+    params = f"{info.params:,} parameters" if info.params else "parameters: see model card"
+    if info.params_active and info.params_active != info.params:
+        params += f" ({info.params_active:,} active per token)"
+    losses = ", ".join(f"{d} {v:.3f}" for d, v in info.val_loss.items()) or "not recorded"
+    st.caption(f"**{info.family}** · {params}  \nvalidation loss: {losses}")
+    return info
+
+
+def _upload() -> None:
+    with st.expander("Upload a checkpoint"):
+        files = st.file_uploader("config.json, model.safetensors and tokenizer.json", accept_multiple_files=True,
+                                 key=K.UPLOAD)
+        if files and st.button("Validate and open", key="upload_go"):
+            try:
+                st.session_state[K.UPLOADED_PATH] = resources.save_upload(files)
+                st.session_state["select_upload"] = True
+                st.rerun()
+            except Exception as e:  # every loader error names the problem
+                st.error(f"Upload rejected: {e}")
+
+
+def _settings(info: CheckpointInfo) -> RunSettings:
+    st.subheader("Generation")
+    max_new = st.slider("Max new tokens", 0, 64, 24, key=K.MAX_NEW)
+    mode = st.radio("Decoding", ["greedy", "sampling"], horizontal=True, key=K.DECODING)
+    temperature, top_k, top_p = 1.0, 0, 1.0
+    if mode == "sampling":
+        temperature = st.slider("Temperature", 0.05, 2.0, 1.0, 0.05, key=K.TEMPERATURE)
+        top_k = st.number_input("Top-k (0 = off)", 0, 4096, 0, key=K.TOP_K)
+        top_p = st.slider("Top-p", 0.05, 1.0, 1.0, 0.05, key=K.TOP_P)
+    seed = st.number_input("Seed", 0, 2**31 - 1, 0, key=K.SEED)
+    routing, tau = "deterministic", None
+    if info.family.startswith("papaformer/gumbel"):
+        st.subheader("Gumbel routing")
+        routing = st.radio("Mode", ["deterministic", "sampled"], horizontal=True, key=K.GUMBEL_MODE,
+                           help="deterministic: noise-free argmax of the router logits; sampled: Gumbel noise "
+                                "drawn from the seed above")
+    if info.family == "wiola":
+        st.subheader("Wiola token merging")
+        tau = st.slider("ATM threshold tau", 0.0, 1.0, 0.92, 0.01, key=K.ATM_TAU)
+    return RunSettings(max_new_tokens=max_new, greedy=mode == "greedy", temperature=float(temperature),
+                       top_k=int(top_k), top_p=float(top_p), seed=int(seed), routing=routing, atm_tau=tau)
+
+
+def sidebar() -> Selection | None:
+    with st.sidebar:
+        st.title("RouteScope")
+        info = _pick_checkpoint()
+        _upload()
+        if info is None:
+            return None
+        return Selection(info=info, settings=_settings(info))
