@@ -115,6 +115,28 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_app(args: argparse.Namespace) -> int:
+    """Start the Streamlit explorer (app/main.py) on the shipped checkpoints."""
+    import importlib.util
+    import os
+    import subprocess
+
+    from analysis.catalog import ENV_ROOTS
+
+    spec = importlib.util.find_spec("app")  # locate the file only; nothing imports app/
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the app package is not installed; run pip install -e . from the repository")
+    main = os.path.join(list(spec.submodule_search_locations)[0], "main.py")
+    env = dict(os.environ)
+    if args.checkpoints:
+        env[ENV_ROOTS] = os.pathsep.join([*args.checkpoints, *filter(None, [env.get(ENV_ROOTS)])])
+    cmd = [sys.executable, "-m", "streamlit", "run", main, "--server.port", str(args.port),
+           "--server.headless", "true" if args.headless else "false", "--browser.gatherUsageStats", "false"]
+    if args.address:
+        cmd += ["--server.address", args.address]
+    return subprocess.call(cmd, env=env, cwd=os.path.dirname(os.path.dirname(main)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="routescope", description="Routing analysis for parallel-path LMs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -169,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--n-large-post", type=int, default=1)
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=cmd_compose)
+
+    a = sub.add_parser("app", help="start the browser explorer")
+    a.add_argument("--port", type=int, default=8501)
+    a.add_argument("--headless", action="store_true", help="do not open a browser")
+    a.add_argument("--address", default=None, help="address to listen on (default: Streamlit's)")
+    a.add_argument("--checkpoints", action="append", default=[], help="extra checkpoint root, repeatable")
+    a.set_defaults(func=cmd_app)
 
     im = sub.add_parser("import", help="convert a checkpoint trained with the papers' own code")
     im.add_argument("--from", dest="source", required=True,

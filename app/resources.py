@@ -23,7 +23,7 @@ from core_models.runtime import Ablation
 # Small models run fastest on one thread, and a second thread would fight other sessions.
 torch.set_num_threads(int(os.environ.get("ROUTESCOPE_THREADS", "1")))
 
-MAX_UPLOAD_BYTES = 100 * 2**20
+MAX_UPLOAD_BYTES = int(float(os.environ.get("ROUTESCOPE_MAX_UPLOAD_MB", "100")) * 2**20)
 UPLOAD_FILES = (CONFIG, WEIGHTS, TOKENIZER)
 
 

@@ -24,7 +24,8 @@ CSS = """
 
 def _span(text: str, cls: str, title: str = "") -> str:
     t = f' title="{html.escape(title, quote=True)}"' if title else ""
-    return f'<span class="rs-tok {cls}"{t}>{html.escape(text)}</span>'
+    shown = html.escape(text).replace("\n", "⏎\n")  # line breaks stay, and stay visible
+    return f'<span class="rs-tok {cls}"{t}>{shown}</span>'
 
 
 def generation_html(tokens: list[str], n_prompt: int, steps, decode) -> str:

@@ -1,0 +1,188 @@
+"""Drive the explorer with Streamlit's AppTest: every shipped checkpoint, ablation, export, bad input."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+from streamlit.testing.v1 import AppTest
+
+from analysis.catalog import checkpoint_roots, list_checkpoints
+from analysis.columns import EXPORT_SCHEMA
+
+APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+CHECKPOINTS = [c for c in list_checkpoints(checkpoint_roots()) if c.problem is None]
+BY_FAMILY = {c.family: c for c in CHECKPOINTS}
+
+
+@pytest.fixture
+def downloads(monkeypatch):
+    """Capture every file the app offers for download, by media id."""
+    files: dict[str, bytes] = {}
+    original = MemoryMediaFileStorage.load_and_get_id
+
+    def record(self, data, mimetype, kind, filename=None):
+        fid = original(self, data, mimetype, kind, filename)
+        files[fid] = data if isinstance(data, bytes) else Path(data).read_bytes()
+        return fid
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", record)
+    return files
+
+
+def fresh(timeout: float = 180) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    at.run()
+    return at
+
+
+def ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def pick(at: AppTest, name: str) -> AppTest:
+    box = at.selectbox(key="checkpoint")
+    path = next(p for p in box.options if Path(p).name == name)
+    box.set_value(path).run()
+    return at
+
+
+def caption_with(at: AppTest, text: str) -> str:
+    return next(c.value for c in at.caption if text in c.value)
+
+
+def test_checkpoints_are_shipped():
+    assert len(CHECKPOINTS) >= 10, [c.name for c in CHECKPOINTS]
+
+
+def test_first_load_is_usable():
+    at = fresh()
+    ok(at)
+    assert at.text_area(key="prompt").value.startswith("Once upon a time")
+    assert "updated in" in caption_with(at, "Ablation:")
+    assert len(at.get("plotly_chart")) >= 2  # candidates chart and a routing heatmap
+
+
+@pytest.mark.parametrize("name", [c.name for c in CHECKPOINTS])
+def test_every_checkpoint_generates_and_routes(name):
+    at = pick(fresh(), name)
+    ok(at)
+    gen_html = next(m.value for m in at.markdown if "rs-text" in m.value)
+    assert gen_html.count("rs-tok rs-gen") + gen_html.count("rs-tok rs-low") == 24  # default max new tokens
+
+
+def _mean_kl(at: AppTest) -> float:
+    return float(next(m.value for m in at.metric if m.label == "mean KL (nats)"))
+
+
+@pytest.mark.parametrize("family,toggle", [("pgpt", "pgpt_one"), ("papaformer/gumbel_v2", "drop_global::1"),
+                                           ("moep", "drop_global::0"), ("papaformer/share_linear", "drop_global::0")])
+def test_toggling_a_path_changes_the_output(family, toggle):
+    at = pick(fresh(), BY_FAMILY[family].name)
+    at.checkbox(key=toggle).check().run()
+    ok(at)
+    assert "drop" in caption_with(at, "Ablation:")
+    assert _mean_kl(at) > 0
+    at.checkbox(key=toggle).uncheck().run()
+    assert "Ablation: **none**" in caption_with(at, "Ablation:")
+
+
+def test_export_csv_has_the_documented_header(downloads):
+    at = fresh()
+    ok(at)
+    button = next(b for b in at.get("download_button") if b.proto.label == "Routing table (CSV)")
+    fid = button.proto.url.rsplit("/", 1)[-1].split(".")[0]
+    rows = list(csv.reader(io.StringIO(downloads[fid].decode("utf-8"))))
+    assert rows[0] == list(EXPORT_SCHEMA)
+    assert len(rows) > 10 and rows[1][0] == at.selectbox(key="checkpoint").value.rsplit("/", 1)[-1]
+    run_json = next(b for b in at.get("download_button") if b.proto.label == "Run settings (JSON)")
+    meta = json.loads(downloads[run_json.proto.url.rsplit("/", 1)[-1].split(".")[0]])
+    assert meta["prompt"] == at.text_area(key="prompt").value and meta["ablation"] == "none"
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n\t "])
+def test_empty_prompt_gets_a_message(prompt):
+    at = fresh()
+    at.text_area(key="prompt").set_value(prompt).run()
+    assert not at.exception
+    assert any("empty" in w.value for w in at.warning)
+
+
+def test_long_prompt_is_truncated_with_a_notice():
+    at = fresh()
+    at.text_area(key="prompt").set_value("Once upon a time there was a girl. " * 80).run()
+    ok(at)
+    assert any("truncated" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("prompt", ["Hello 👋🏽 🦄 world", "שלום עולם مرحبا", "ctl\x00\x07\x1b[31m\u202e text",
+                                    "=cmd|' /C calc'!A0", "a\r\nb\tc"])
+def test_any_unicode_prompt_runs(prompt):
+    at = fresh()
+    at.text_area(key="prompt").set_value(prompt).run()
+    ok(at)
+
+
+def _upload(at: AppTest, files: list[tuple[str, bytes]]) -> AppTest:
+    at.file_uploader(key="upload").set_value([(n, b, "application/octet-stream") for n, b in files]).run()
+    at.button(key="upload_go").click().run()
+    return at
+
+
+def _ckpt_files(path: str) -> dict[str, bytes]:
+    return {n: (Path(path) / n).read_bytes() for n in ("config.json", "model.safetensors", "tokenizer.json")}
+
+
+def test_corrupt_upload_is_rejected_and_app_keeps_working():
+    files = _ckpt_files(BY_FAMILY["pgpt"].path)
+    files["model.safetensors"] = b"\x00not a safetensors file"
+    at = _upload(fresh(), list(files.items()))
+    assert not at.exception
+    assert any("Upload rejected" in e.value and "safetensors" in e.value for e in at.error)
+    assert "updated in" in caption_with(at, "Ablation:")
+
+
+def test_mismatched_upload_names_the_tensors():
+    files = _ckpt_files(BY_FAMILY["pgpt"].path)
+    files["config.json"] = (Path(BY_FAMILY["moep"].path) / "config.json").read_bytes()
+    at = _upload(fresh(), list(files.items()))
+    assert any("missing tensor" in e.value for e in at.error)
+
+
+def test_valid_upload_opens():
+    at = _upload(fresh(), list(_ckpt_files(BY_FAMILY["pgpt"].path).items()))
+    ok(at)
+    assert "routescope-upload-" in at.selectbox(key="checkpoint").value
+
+
+def test_oversized_upload_is_rejected(monkeypatch):
+    import app.resources as resources
+    monkeypatch.setattr(resources, "MAX_UPLOAD_BYTES", 1000)
+    at = _upload(fresh(), list(_ckpt_files(BY_FAMILY["pgpt"].path).items()))
+    assert any("limit" in e.value and "model.safetensors" in e.value for e in at.error)
+
+
+def test_probe_file_with_wrong_columns_gets_a_message():
+    at = pick(fresh(), BY_FAMILY["papaformer/gumbel_v1"].name)
+    at.file_uploader(key="probes_upload").set_value(("bad.tsv", b"id\ttext\nP1\thello\n", "text/tab-separated-values"))
+    at.run()
+    assert not at.exception
+    assert any("missing required column" in e.value for e in at.error)
+    assert "updated in" in caption_with(at, "Ablation:")
+
+
+def test_two_sessions_never_see_each_others_ablation():
+    a, b = fresh(), fresh()
+    pick(a, BY_FAMILY["pgpt"].name)
+    pick(b, BY_FAMILY["pgpt"].name)
+    a.checkbox(key="pgpt_one").check().run()
+    b.run()
+    assert "drop" in caption_with(a, "Ablation:")
+    assert "Ablation: **none**" in caption_with(b, "Ablation:")
+    b.checkbox(key="drop_global::0").check().run()
+    a.run()
+    assert "drop *:0" in caption_with(b, "Ablation:") and "drop *:1" in caption_with(a, "Ablation:")
