@@ -41,7 +41,7 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
         return
     elapsed = time.perf_counter() - t0
     with right:
-        st.caption(f"Ablation: **{ab.describe()}** · updated in {elapsed * 1000:.0f} ms "
+        st.caption(f"Ablation: `{ab.describe()}` · updated in {elapsed * 1000:.0f} ms "
                    f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
                    help="Runs are cached per checkpoint, prompt, settings and ablation.")
         tabs = st.tabs(TABS)

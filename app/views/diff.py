@@ -27,6 +27,6 @@ def show(base: Run, ablated: Run, effects, tokenizer) -> None:
     left, right = st.columns(2)
     left.markdown("**Unablated**")
     left.markdown(diff_html(diff, "base"), unsafe_allow_html=True)
-    right.markdown(f"**Ablated** ({ablated.ablation.describe()})")
+    right.markdown(f"**Ablated** (`{ablated.ablation.describe()}`)")
     right.markdown(diff_html(diff, "ablated"), unsafe_allow_html=True)
     st.plotly_chart(kl_figure(effects, base.tokens), key="kl_chart", width="stretch")

@@ -88,7 +88,7 @@ def test_toggling_a_path_changes_the_output(family, toggle):
     assert "drop" in caption_with(at, "Ablation:")
     assert _mean_kl(at) > 0
     at.checkbox(key=toggle).uncheck().run()
-    assert "Ablation: **none**" in caption_with(at, "Ablation:")
+    assert "Ablation: `none`" in caption_with(at, "Ablation:")
 
 
 def test_export_csv_has_the_documented_header(downloads):
@@ -182,7 +182,7 @@ def test_two_sessions_never_see_each_others_ablation():
     a.checkbox(key="pgpt_one").check().run()
     b.run()
     assert "drop" in caption_with(a, "Ablation:")
-    assert "Ablation: **none**" in caption_with(b, "Ablation:")
+    assert "Ablation: `none`" in caption_with(b, "Ablation:")
     b.checkbox(key="drop_global::0").check().run()
     a.run()
     assert "drop *:0" in caption_with(b, "Ablation:") and "drop *:1" in caption_with(a, "Ablation:")
