@@ -13,7 +13,7 @@ from app.views import ablation, attribution, diff, export, generation, routing, 
 from core_models.runtime import Ablation  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
-TABS = ["Generation", "Routing", "Ablation diff", "Attribution", "Table 6", "Export"]
+VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Table 6", "Export"]
 
 
 def error_box(where: str, e: Exception) -> None:
@@ -23,7 +23,8 @@ def error_box(where: str, e: Exception) -> None:
 
 @st.fragment
 def explorer(path: str, mtime: float, prompt: str, settings) -> None:
-    """Everything that follows an ablation toggle; reruns alone when a toggle changes."""
+    """Everything that follows an ablation toggle; reruns alone when a toggle changes. Only the
+    chosen view is built, so a toggle costs one (cached) run plus one view."""
     model, tok = resources.load(path, mtime)
     left, right = st.columns([1, 4], gap="medium")
     with left:
@@ -31,10 +32,7 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
         ab = ablation.controls(model)
     t0 = time.perf_counter()
     try:
-        base = resources.run(path, mtime, prompt, settings, Ablation())
-        cur = base if ab.is_empty else resources.run(path, mtime, prompt, settings, ab)
-        eff = None if ab.is_empty else resources.effects(path, mtime, tuple(base.ids), ab, settings.routing,
-                                                         settings.seed)
+        cur = resources.run(path, mtime, prompt, settings, ab)
     except Exception as e:
         with right:
             error_box("Cannot run this prompt" if ab.is_empty else f"Ablation {ab.describe()}", e)
@@ -44,26 +42,30 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
         st.caption(f"Ablation: `{ab.describe()}` · updated in {elapsed * 1000:.0f} ms "
                    f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
                    help="Runs are cached per checkpoint, prompt, settings and ablation.")
-        tabs = st.tabs(TABS)
-        with tabs[0]:
-            generation.show(cur, tok)
-        with tabs[1]:
-            figs = routing.show(cur, model)
-        with tabs[2]:
-            diff.show(base, cur, eff, tok)
-        with tabs[3]:
-            try:
-                attribution.show(cur, model, tok, path, mtime)
-            except Exception as e:
-                error_box("Attribution", e)
-        with tabs[4]:
-            try:
-                t6 = table6.show(model, path, mtime)
-            except Exception as e:
-                error_box("Table 6", e)
-                t6 = None
-        with tabs[5]:
-            export.show(cur, tok, figs, t6)
+        view = st.segmented_control("View", VIEWS, default=VIEWS[0], key=K.VIEW, label_visibility="collapsed")
+        try:
+            show_view(view or VIEWS[0], cur, model, tok, path, mtime, prompt, settings)
+        except Exception as e:
+            error_box(view or VIEWS[0], e)
+
+
+def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, settings) -> None:
+    if view == "Generation":
+        generation.show(cur, tok)
+    elif view == "Routing":
+        routing.show(cur, model)
+    elif view == "Ablation diff":
+        base = resources.run(path, mtime, prompt, settings, Ablation())
+        eff = None if cur.ablation.is_empty else resources.effects(path, mtime, tuple(base.ids), cur.ablation,
+                                                                   settings.routing, settings.seed)
+        diff.show(base, cur, eff, tok)
+    elif view == "Attribution":
+        attribution.show(cur, model, tok, path, mtime)
+    elif view == "Table 6":
+        table6.show(model, path, mtime)
+    else:
+        export.show(cur, tok, routing.figures(cur, model), table6.cached_report(model, path, mtime),
+                    resources.export_bytes(path, mtime, prompt, settings, cur.ablation))
 
 
 def main() -> None:

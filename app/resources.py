@@ -46,6 +46,14 @@ def run(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: A
     return run_prompt(model, tok, prompt, settings=settings, ablation=ablation, model_name=Path(path).name)
 
 
+@st.cache_resource(max_entries=64, show_spinner="Preparing the export…")
+def export_bytes(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation) -> dict[str, bytes]:
+    """The routing table of a run as CSV and Parquet bytes (built once per run)."""
+    from analysis.export import table_bytes
+    table = run(path, mtime, prompt, settings, ablation).table
+    return {fmt: table_bytes(table, fmt) for fmt in ("csv", "parquet")}
+
+
 @st.cache_resource(max_entries=256, show_spinner=False)
 def effects(path: str, mtime: float, ids: tuple[int, ...], ablation: Ablation, routing: str, seed: int):
     model, _ = load(path, mtime)

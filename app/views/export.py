@@ -6,7 +6,7 @@ import re
 
 import streamlit as st
 
-from analysis.export import frame_csv_bytes, table_bytes
+from analysis.export import frame_csv_bytes
 from analysis.session import Run, candidates_table, provenance
 
 
@@ -15,13 +15,13 @@ def _stem(run: Run) -> str:
     return f"{run.model_name}_{'base' if run.ablation.is_empty else ab}"
 
 
-def show(run: Run, tokenizer, figs: dict, table6: dict | None) -> None:
+def show(run: Run, tokenizer, figs: dict, table6: dict | None, table: dict[str, bytes]) -> None:
     stem = _stem(run)
     st.caption("Every export carries the model, prompt, settings and ablation (columns, or the run JSON).")
     cols = st.columns(3)
-    cols[0].download_button("Routing table (CSV)", table_bytes(run.table, "csv"), f"{stem}_routing.csv",
+    cols[0].download_button("Routing table (CSV)", table["csv"], f"{stem}_routing.csv",
                             "text/csv", key="dl_routing_csv")
-    cols[1].download_button("Routing table (Parquet)", table_bytes(run.table, "parquet"), f"{stem}_routing.parquet",
+    cols[1].download_button("Routing table (Parquet)", table["parquet"], f"{stem}_routing.parquet",
                             "application/octet-stream", key="dl_routing_parquet")
     cols[2].download_button("Run settings (JSON)", json.dumps(provenance(run), indent=1, ensure_ascii=False),
                             f"{stem}_run.json", "application/json", key="dl_run_json")
@@ -42,5 +42,6 @@ def show(run: Run, tokenizer, figs: dict, table6: dict | None) -> None:
         cols = st.columns(3)
         for i, (name, fig) in enumerate(figs.items()):
             fig = fig.update_layout(meta=provenance(run))
-            cols[i % 3].download_button(f"{name}.html", fig.to_html(include_plotlyjs="cdn"), f"{stem}_{name}.html",
-                                        "text/html", key=f"dl_fig_{name}")
+            # deferred: the HTML is only rendered when the button is pressed
+            cols[i % 3].download_button(f"{name}.html", lambda f=fig: f.to_html(include_plotlyjs="cdn"),
+                                        f"{stem}_{name}.html", "text/html", key=f"dl_fig_{name}")

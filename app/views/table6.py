@@ -20,6 +20,11 @@ def default_probes() -> tuple[str, str]:
     return str(path), path.read_text(encoding="utf-8")
 
 
+def cached_report(model, path: str, mtime: float) -> dict | None:
+    """The Table 6 report of the default probes if this session has already computed it."""
+    return st.session_state.get(K.TABLE6_RUN, {}).get((path, mtime))
+
+
 def show(model, path: str, mtime: float) -> dict | None:
     c = model.config
     if c.family != "papaformer":
@@ -52,4 +57,6 @@ def show(model, path: str, mtime: float) -> dict | None:
     st.dataframe(report, key="table6_report", width="stretch")
     pivot = summary.pivot_table(index=C.METRIC, columns=C.SOURCE, values=C.VALUE, sort=False)
     st.dataframe(pivot, key="table6_summary")
-    return {"report": report, "summary": summary}
+    result = {"report": report, "summary": summary}
+    st.session_state.setdefault(K.TABLE6_RUN, {})[(path, mtime)] = result  # offered again under Export
+    return result

@@ -51,6 +51,11 @@ def pick(at: AppTest, name: str) -> AppTest:
     return at
 
 
+def view(at: AppTest, name: str) -> AppTest:
+    at.segmented_control(key="view").set_value(name).run()
+    return at
+
+
 def caption_with(at: AppTest, text: str) -> str:
     return next(c.value for c in at.caption if text in c.value)
 
@@ -64,7 +69,15 @@ def test_first_load_is_usable():
     ok(at)
     assert at.text_area(key="prompt").value.startswith("Once upon a time")
     assert "updated in" in caption_with(at, "Ablation:")
-    assert len(at.get("plotly_chart")) >= 2  # candidates chart and a routing heatmap
+    assert len(at.get("plotly_chart")) == 1  # the next-token candidates chart
+    view(at, "Routing")
+    ok(at)
+    assert len(at.get("plotly_chart")) >= 2  # Gumbel routes and cosine dominance heatmaps
+
+
+@pytest.mark.parametrize("name", ["Routing", "Ablation diff", "Attribution", "Table 6", "Export"])
+def test_every_view_renders(name):
+    ok(view(fresh(), name))
 
 
 @pytest.mark.parametrize("name", [c.name for c in CHECKPOINTS])
@@ -82,7 +95,7 @@ def _mean_kl(at: AppTest) -> float:
 @pytest.mark.parametrize("family,toggle", [("pgpt", "pgpt_one"), ("papaformer/gumbel_v2", "drop_global::1"),
                                            ("moep", "drop_global::0"), ("papaformer/share_linear", "drop_global::0")])
 def test_toggling_a_path_changes_the_output(family, toggle):
-    at = pick(fresh(), BY_FAMILY[family].name)
+    at = view(pick(fresh(), BY_FAMILY[family].name), "Ablation diff")
     at.checkbox(key=toggle).check().run()
     ok(at)
     assert "drop" in caption_with(at, "Ablation:")
@@ -92,7 +105,7 @@ def test_toggling_a_path_changes_the_output(family, toggle):
 
 
 def test_export_csv_has_the_documented_header(downloads):
-    at = fresh()
+    at = view(fresh(), "Export")
     ok(at)
     button = next(b for b in at.get("download_button") if b.proto.label == "Routing table (CSV)")
     fid = button.proto.url.rsplit("/", 1)[-1].split(".")[0]
@@ -167,7 +180,7 @@ def test_oversized_upload_is_rejected(monkeypatch):
 
 
 def test_probe_file_with_wrong_columns_gets_a_message():
-    at = pick(fresh(), BY_FAMILY["papaformer/gumbel_v1"].name)
+    at = view(pick(fresh(), BY_FAMILY["papaformer/gumbel_v1"].name), "Table 6")
     at.file_uploader(key="probes_upload").set_value(("bad.tsv", b"id\ttext\nP1\thello\n", "text/tab-separated-values"))
     at.run()
     assert not at.exception

@@ -111,16 +111,16 @@ def test_prompt_toggle_download(app_url, browser, tmp_path):
     box.press("Control+Enter")
     page.wait_for_function("() => [...document.querySelectorAll('.rs-text')].some(e => e.innerText.includes('3x + 5'))",
                            timeout=60_000)
-    page.get_by_role("tab", name="Routing").click()
+    page.get_by_role("radio", name="Routing", exact=True).click()
     page.screenshot(path=str(ARTIFACTS / "02_pgpt_routing.png"), full_page=True)
 
     pgpt_ms = _toggle_time(page, "pgpt-1: keep path 1 only", "drop *:1") * 1000
     assert "drop *:1" in _caption(page)
-    page.get_by_role("tab", name="Ablation diff").click()
+    page.get_by_role("radio", name="Ablation diff", exact=True).click()
     page.get_by_text("mean KL (nats)").first.wait_for(timeout=30_000)
     page.screenshot(path=str(ARTIFACTS / "03_pgpt1_diff.png"), full_page=True)
 
-    page.get_by_role("tab", name="Export").click()
+    page.get_by_role("radio", name="Export", exact=True).click()
     with page.expect_download(timeout=30_000) as dl:
         page.get_by_role("button", name="Routing table (CSV)").click()
     path = tmp_path / dl.value.suggested_filename
@@ -133,7 +133,7 @@ def test_prompt_toggle_download(app_url, browser, tmp_path):
 
     # a PaPaformer checkpoint: toggle a path and time the update
     _pick(page, "papaformer-gumbel-v2")
-    page.get_by_role("tab", name="Routing").click()
+    page.get_by_role("radio", name="Routing", exact=True).click()
     papa_ms = _toggle_time(page, "Drop path 1", "drop *:0") * 1000
     page.screenshot(path=str(ARTIFACTS / "04_papaformer_drop_path1.png"), full_page=True)
     print(f"\ntoggle-to-update in the browser: pgpt {pgpt_ms:.0f} ms, papaformer-gumbel-v2 {papa_ms:.0f} ms")
