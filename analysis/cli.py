@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0
     except (ValueError, FileNotFoundError) as e:  # our errors name the problem; no traceback
         sys.stderr.write(f"routescope {args.command}: {e}\n")
         return 2

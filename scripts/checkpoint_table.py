@@ -1,0 +1,44 @@
+"""Write checkpoints/README.md from what the training pipeline measured (training.json of each
+checkpoint): validation loss per domain, parameters, tokens, wall time. Nothing is typed by hand."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
+ORDER = ["llama-dense", "pagmlp", "path-story", "path-math", "papaformer-share-linear", "papaformer-gumbel-v1",
+         "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny"]
+
+
+def main(root: Path = ROOT) -> int:
+    rows = []
+    names = sorted((d.name for d in root.iterdir() if (d / "training.json").is_file()),
+                   key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    for name in names:
+        s = json.loads((root / name / "training.json").read_text())
+        family = json.loads((root / name / "config.json").read_text())["family"]
+        init = s["train"].get("init_from")
+        rows.append(f"| [{name}]({name}/README.md) | {family} | {s['val_loss']['story']:.3f} | {s['val_loss']['math']:.3f} "
+                    f"| {s['params_total']:,} | {s['params_active']:,} | {s['steps']} | {s['tokens']:,} "
+                    f"| {s['wall_seconds'] / 60:.1f} | {'composed from path-story + path-math' if init else ''} |")
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / 2**20
+    text = f"""# Shipped checkpoints
+
+Trained on this project's synthetic corpora (`core_models.training.corpus`: TinyStories-like
+stories and OpenMathInstruct-1-like math) with `scripts/train_all.sh` on a 2-core CPU machine.
+Validation: the fixed validation split of each domain (cross-entropy in nats per token, the same
+tokens for every model). Each directory's README.md has the exact command and training details.
+Total size: {size:.1f} MB. This table is written by `scripts/checkpoint_table.py` from each
+checkpoint's `training.json`.
+
+| checkpoint | family | val loss story | val loss math | params | active/token | steps | tokens | minutes | note |
+|---|---|---|---|---|---|---|---|---|---|
+""" + "\n".join(rows) + "\n"
+    (root / "README.md").write_text(text)
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
