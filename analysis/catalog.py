@@ -60,7 +60,14 @@ def describe(path: str | os.PathLike) -> CheckpointInfo:
         except (OSError, json.JSONDecodeError):
             summary = {}
     problem = None if (path / "model.safetensors").is_file() else "no model.safetensors"
-    return CheckpointInfo(name=path.name, path=str(path), family=family, params=summary.get("params_total"),
+    params = summary.get("params_total")
+    if params is None:  # imported or hand-made: count from the config (no weights read)
+        from core_models import config_from_dict, param_count
+        try:
+            params = param_count(config_from_dict(config))
+        except ValueError as e:
+            problem = problem or f"config.json: {e}"
+    return CheckpointInfo(name=path.name, path=str(path), family=family, params=params,
                           params_active=summary.get("params_active"), val_loss=summary.get("val_loss", {}),
                           has_tokenizer=(path / "tokenizer.json").is_file(), problem=problem)
 

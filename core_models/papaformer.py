@@ -110,7 +110,8 @@ class ParallelLayer(nn.Module):
             router_in = dp if c.combiner == "gumbel_v1" else k * dp
             self.router = GumbelRouter(router_in, k + 1, bias=c.router_bias, tau=c.gumbel_tau)
             self.routed = Site("[batch, pos, d_par] router-weighted sum of the candidates (before grow)")
-        self.combined = Site("[batch, pos, d_par] combined representation (Share-Linear: the layer output)")
+        self.combined = Site("[batch, pos, d_par] combined representation (Share-Linear: the layer output; "
+                             "d_model wide in the last layer when fused_grow)")
         self.grow = nn.Linear(dp, c.d_model, bias=False) if grow else None
         self.out = Site("[batch, pos, width] layer output as passed on (after grow in the last layer)")
         self.name = ""  # routing-layer name, set by the model

@@ -199,3 +199,17 @@ def test_two_sessions_never_see_each_others_ablation():
     b.checkbox(key="drop_global::0").check().run()
     a.run()
     assert "drop *:0" in caption_with(b, "Ablation:") and "drop *:1" in caption_with(a, "Ablation:")
+
+
+def test_imported_checkpoint_without_tokenizer_is_listed_and_explained(tmp_path, monkeypatch):
+    from core_models.importers import import_checkpoint
+    fixtures = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "reference" / "papaformer_gumbel_v1"
+    if not fixtures.is_dir():
+        pytest.skip("parity fixtures not available")
+    import_checkpoint("papaformer-gumbel-v1", fixtures / "weights.safetensors", fixtures / "config.json",
+                      tmp_path / "imported-gumbel-v1")
+    monkeypatch.setenv("ROUTESCOPE_CHECKPOINTS", str(tmp_path))
+    at = pick(fresh(), "imported-gumbel-v1")
+    assert not at.exception
+    assert any("no tokenizer.json" in w.value and "tokenizer" in w.value for w in at.warning)
+    assert "259,910" in next(c.value for c in at.caption if "papaformer" in c.value)  # counted from the config
