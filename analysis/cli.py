@@ -18,7 +18,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from core_models.generate import Sampling, generate
     from core_models.runtime import Ablation
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tok = _load(args.checkpoint)
     if tok is None:
         raise SystemExit(f"{args.checkpoint}: no tokenizer.json; text prompts need a tokenizer")
@@ -82,7 +81,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from core_models.checkpoint import load_tokenizer_file
     from core_models.training.trainer import TrainConfig, train
 
-    torch.set_num_threads(args.threads or torch.get_num_threads())
     c = TrainConfig(preset=args.preset, overrides=_parse_sets(args.set), data=_parse_data(args.data),
                     steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                     min_lr=args.lr / 10, warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,
@@ -139,6 +137,8 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="routescope", description="Routing analysis for parallel-path LMs")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: torch's choice; 1 is best when the cores are busy)")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="continue a prompt, with top-k next-token probabilities per step")
     g.add_argument("checkpoint")
@@ -178,7 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--init-from", default=None)
     tr.add_argument("--set", action="append", default=[], help="config FIELD=VALUE, repeatable")
     tr.add_argument("--max-minutes", type=float, default=0.0)
-    tr.add_argument("--threads", type=int, default=0)
     tr.add_argument("--no-resume", action="store_true")
     tr.add_argument("--quiet", action="store_true")
     tr.set_defaults(func=cmd_train, argv=None)
@@ -218,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     try:
         return args.func(args)
     except BrokenPipeError:  # output piped into head & co.
