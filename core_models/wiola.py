@@ -1,5 +1,5 @@
-"""Wiola (Chowdhury, Shaik, Bhargavi & Kumar, 2026, arXiv:2607.01394): a small LM built from SRPE,
-GCLA, ATM, DSFF and WiolaRMSNorm (parts in `wiola_parts.py`).
+"""Wiola (one of RouteScope's seed papers): a small LM built from SRPE, GCLA, ATM, DSFF and
+WiolaRMSNorm (parts in `wiola_parts.py`).
 
 embed -> n blocks -> WiolaRMSNorm -> head (tied to the embedding)
 block i:  h   = x + GCLA_i(norm_1(x), summaries of the outputs of blocks i-Lambda .. i-1)
