@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Rebuild every shipped checkpoint in checkpoints/ (about 90 minutes on 2 CPU cores).
+# Rebuild every shipped checkpoint in checkpoints/ (about 90 minutes on 2 quiet CPU cores;
+# each run stops at a step boundary after --max-minutes).
 # Each run's exact command is recorded in its model card; STEPS_SCALE=0.1 makes a quick dry run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ steps() { python3 -c "print(max(10, int($1 * $SCALE)))"; }
 mkdir -p "$OUT"
 [ -f "$OUT/tokenizer.json" ] || $RS tokenizer --out "$OUT/tokenizer.json"
 TOK="$OUT/tokenizer.json"
-common=(--tokenizer "$TOK" --batch-size 16 --seq-len 256 --eval-every 100 --max-minutes 10 --quiet)
+common=(--tokenizer "$TOK" --batch-size 16 --seq-len 256 --eval-every 100 --max-minutes 8 --quiet)
 
 train() {  # name preset data steps [extra...]
   local name=$1 preset=$2 data=$3 n; n=$(steps "$4"); shift 4
@@ -29,9 +30,9 @@ for comb in share_linear gumbel_v1 gumbel_v2; do
     rm -rf "$OUT/.composed-$comb"
   fi
 done
-train llama-dense llama-dense story=0.5,math=0.5 400
-train pagmlp pagmlp story=0.5,math=0.5 400
-train pgpt pgpt story=0.5,math=0.5 400
-train moep moep story=0.5,math=0.5 400
-train moep-swiglu moep-swiglu story=0.5,math=0.5 400
-train wiola-tiny wiola-tiny story=0.5,math=0.5 300
+train llama-dense llama-dense story=0.5,math=0.5 300
+train pagmlp pagmlp story=0.5,math=0.5 300
+train pgpt pgpt story=0.5,math=0.5 300
+train moep moep story=0.5,math=0.5 250
+train moep-swiglu moep-swiglu story=0.5,math=0.5 250
+train wiola-tiny wiola-tiny story=0.5,math=0.5 200
