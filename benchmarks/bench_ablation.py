@@ -1,0 +1,120 @@
+"""Goal 5: what an ablation costs.
+
+- pgpt forward (batch 1, 64 tokens) with one of its two paths dropped vs the full forward,
+  interleaved. Goal: <= 0.6x (a dropped path is never computed).
+- an ablation re-run in the app: `analysis.session.run_prompt` (generation with routing records
+  plus every analysis table of the family) on a 64-token prompt, with max_new_tokens 0 and the
+  app default 24 interleaved, on every shipped checkpoint (checkpoints/<name>, else the preset
+  with random weights). The ablation drops option 1 of every routing layer ("*:1"); models with
+  no routing layer re-run without one. Goal: <= 50 ms median with max_new_tokens 0.
+- `--browser` (run_all): the toggle-to-update time printed by tests/e2e/test_browser.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+
+import torch
+
+from benchmarks import common as C
+from analysis.session import RunSettings, run_prompt
+from core_models import Ablation, AblationError
+
+BROWSER_LINE = re.compile(r"toggle-to-update in the browser: pgpt (\d+) ms, papaformer-gumbel-v2 (\d+) ms")
+
+
+def drop_one(model) -> Ablation:
+    ab = Ablation.parse(drop=["1"])
+    try:
+        ab.validate(model.routing_layers())
+    except AblationError:
+        return Ablation()
+    return ab if model.routing_layers() else Ablation()
+
+
+def count_flops(f) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        f()
+    return counter.get_total_flops()
+
+
+def pgpt_drop(args, rep: C.Report) -> None:
+    model, _, source = C.model_for("pgpt")
+    ids = C.random_ids(64, model.vocab_size, seed=6)
+    drops = {j: Ablation.parse(drop=[f"paths:{j}"]) for j in range(model.config.n_paths)}
+    variants = {"full": lambda: model(ids)}
+    for j, ab in drops.items():
+        variants[f"path {j + 1} dropped"] = (lambda ab=ab: model(ids, ablation=ab))
+    n_reps = C.reps(args, 60, 5)
+    with torch.no_grad():
+        s = C.interleaved(variants, n_reps, inner=1 if args.quick else 3)
+    flops = {name: count_flops(f) for name, f in variants.items()}
+    t = C.Table(f"pgpt forward with a path dropped ({source}, 64 tokens)",
+                ["variant", "median ms", "x full", "GFLOP", "FLOP ratio"])
+    for name, xs in s.items():
+        t.add(name, C.ms(xs), C.fmt(C.ratio(xs, s["full"]), "x"), flops[name] / 1e9,
+              C.fmt(flops[name] / flops["full"], "x"))
+    t.notes.append(f"medians of {n_reps} interleaved repetitions; FLOPs counted by torch.utils.flop_counter "
+                   "(matmuls and attention): the ratio a zero-overhead implementation would reach")
+    rep.tables.append(t)
+    for j in drops:
+        rep.goals.append(C.Goal(f"5.pgpt-drop-{j + 1}", f"pgpt forward, path {j + 1} dropped / full", "<=", 0.6,
+                                C.ratio(s[f"path {j + 1} dropped"], s["full"])))
+
+
+def rerun(args, rep: C.Report) -> None:
+    t = C.Table("Ablation re-run: run_prompt (forward + every analysis table), 64-token prompt",
+                ["checkpoint", "weights", "ablation", "new tokens 0: ms", "new tokens 24: ms"])
+    n_reps = C.reps(args, 30, 3)
+    for name in C.SHIPPED:
+        model, tok, source = C.model_for(name)
+        prompt = C.prompt_text(tok, 64)
+        ab = drop_one(model)
+        variants = {n: (lambda n=n: run_prompt(model, tok, prompt, settings=RunSettings(max_new_tokens=n), ablation=ab,
+                                               model_name=name))
+                    for n in (0, 24)}
+        assert variants[0]().n_prompt == len(tok.encode(prompt).ids)
+        s = C.interleaved(variants, n_reps, warmup=1)
+        t.add(name, source, ab.describe(), C.ms(s[0]), C.ms(s[24]))
+        rep.goals.append(C.Goal(f"5.rerun.{name}", f"{name}: run_prompt with an ablation, 0 new tokens", "<=", 50.0,
+                                C.ms(s[0]), unit="ms"))
+    t.notes.append(f"medians of {n_reps} interleaved repetitions; prompt = {len(tok.encode(prompt).ids)} tokens "
+                   "of validation text")
+    rep.tables.append(t)
+
+
+def browser_toggle(rep: C.Report) -> None:
+    """Run the Playwright test and report the toggle-to-update times it prints."""
+    py = sys.executable
+    if importlib.util.find_spec("playwright") is None and (C.ROOT / ".venv/bin/python").exists():
+        py = str(C.ROOT / ".venv/bin/python")  # the test extra lives in the project's venv
+    proc = subprocess.run([py, "-m", "pytest", "tests/e2e/test_browser.py", "-s", "-q", "-p", "no:cacheprovider"],
+                          cwd=C.ROOT, capture_output=True, text=True, timeout=900)
+    m = BROWSER_LINE.search(proc.stdout)
+    t = C.Table("Browser toggle-to-update (tests/e2e/test_browser.py, Chromium + Playwright)",
+                ["checkpoint", "toggle-to-update ms"])
+    if m:
+        t.add("pgpt (pgpt-1: keep path 1 only)", m.group(1))
+        t.add("papaformer-gumbel-v2 (drop path 1)", m.group(2))
+    else:
+        errors = [ln.strip()[1:].strip() for ln in proc.stdout.splitlines() if ln.startswith("E ")][:3]
+        last = proc.stdout.strip().splitlines()[-1:] or ["no output"]
+        t.add("not measured", f"pytest exited {proc.returncode} ({last[0]}): " + " / ".join(errors))
+    t.notes.append("one measurement per toggle (the test's own timing), not a median")
+    rep.tables.append(t)
+
+
+def run(args) -> C.Report:
+    rep = C.Report("bench_ablation", "5. Ablation: dropped paths and ablation re-runs")
+    pgpt_drop(args, rep)
+    rerun(args, rep)
+    if getattr(args, "browser", False):
+        browser_toggle(rep)
+    return rep
+
+
+if __name__ == "__main__":
+    C.main(run, __doc__)

@@ -1,0 +1,148 @@
+"""Goal 3: RouteScope tracing vs interpretability peers on one shape (d_model 128, 8 layers,
+4 heads, vocab 4096, batch 1, 64 tokens), all in one interleaved loop.
+
+- RouteScope: `pagmlp` at 8 layers (a llama with PAGMLP feed-forwards: the llama with routing
+  sites; a dense llama has none), `tracing()` recording every site.
+- TransformerLens HookedTransformer of the same llama shape (RMSNorm, rotary, gated SiLU MLP of
+  the same width), `run_with_cache()` caching every hook point. Goal: RouteScope >= 3x faster.
+- nnsight wrapping the same RouteScope model and saving the outputs of the same site modules
+  (the same tensors RouteScope records). Goal: RouteScope faster.
+- HF GPT-2 of the same shape, plain forward (context only).
+Peers are built from configs with random weights (HF_HUB_OFFLINE=1); a peer that is not
+installed (`pip install -e .[bench]`) is reported as such and its goal as not measured.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from benchmarks import common as C
+from core_models import tracing
+
+SEQ = 64
+
+
+def routescope_model():
+    model, _, _ = C.model_for("pagmlp", **C.REF_SHAPE)
+    return model
+
+
+def transformer_lens_model(hidden: int):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    s = C.REF_SHAPE
+    cfg = HookedTransformerConfig(d_model=s["d_model"], n_layers=s["n_layers"], n_heads=s["n_heads"],
+                                  d_head=s["d_model"] // s["n_heads"], d_mlp=hidden, d_vocab=s["vocab_size"],
+                                  n_ctx=256, act_fn="silu", normalization_type="RMS", gated_mlp=True,
+                                  positional_embedding_type="rotary", rotary_dim=s["d_model"] // s["n_heads"],
+                                  tokenizer_name=None, seed=0)
+    return HookedTransformer(cfg).eval()
+
+
+def gpt2_model():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    s = C.REF_SHAPE
+    cfg = GPT2Config(vocab_size=s["vocab_size"], n_positions=256, n_embd=s["d_model"], n_layer=s["n_layers"],
+                     n_head=s["n_heads"], bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def nnsight_saver(model, site_names: list[str]):
+    """A callable running one nnsight trace of `model` that saves the outputs of the named modules."""
+    import nnsight
+    from nnsight import NNsight
+    wrapped = NNsight(model)
+    envoys = []
+    for name in site_names:
+        e = wrapped
+        for part in name.split("."):
+            e = e[int(part)] if part.isdigit() else getattr(e, part)
+        envoys.append(e)
+
+    def run(ids: torch.Tensor) -> list:
+        with wrapped.trace(ids):
+            saved = nnsight.save([])
+            for e in envoys:
+                saved.append(e.output)
+        return saved
+    return run
+
+
+def peer(pkg: str, versions: dict, setup):
+    """setup() -> (callable, tensors recorded), or why not: not installed, or the error building it."""
+    if not versions[pkg]:
+        return f"{pkg} not installed"
+    try:
+        return setup()
+    except Exception as e:  # a peer release that breaks must not hide the other rows
+        return f"{pkg} {versions[pkg]} failed: {type(e).__name__}: {str(e)[:80]}"
+
+
+def run(args) -> C.Report:
+    rep = C.Report("bench_peers", "3. Peers on one shape (d128, 8 layers, 4 heads, V4096, 64 tokens)")
+    peers = C.peers_available()
+    model = routescope_model()
+    ids = C.random_ids(SEQ, model.vocab_size, seed=3)
+    names = model.site_names()
+
+    def rs_traced():
+        with tracing():
+            model(ids)
+
+    dense, _, _ = C.model_for("llama-dense", **C.REF_SHAPE)  # same shape, SwiGLU, no sites
+    variants = {"RouteScope trace (all sites)": rs_traced, "RouteScope forward (no trace)": lambda: model(ids),
+                "RouteScope llama-dense forward (no sites)": lambda: dense(ids)}
+    counts = {"RouteScope trace (all sites)": len(names), "RouteScope forward (no trace)": 0,
+              "RouteScope llama-dense forward (no sites)": 0}
+    missing: dict[str, str] = {}
+    with torch.no_grad():
+        with tracing() as tr:
+            model(ids)
+        assert len(tr.names()) == len(names)
+        def tl_setup():
+            with warnings.catch_warnings():  # 3.9 warns that HookedTransformer goes away in 4.0
+                warnings.simplefilter("ignore", DeprecationWarning)
+                tl = transformer_lens_model(model.config.hidden)
+            return (lambda: tl.run_with_cache(ids)), len(tl.run_with_cache(ids)[1])
+
+        def nnsight_setup():
+            saver = nnsight_saver(model, names)
+            got = saver(ids)
+            assert len(got) == len(names) and all(torch.equal(a, tr[n]) for a, n in zip(got, names))
+            return (lambda: saver(ids)), len(got)
+
+        def gpt2_setup():
+            gpt2 = gpt2_model()
+            return (lambda: gpt2(ids)), 0
+
+        for label, pkg, setup in (("TransformerLens run_with_cache (all hooks)", "transformer-lens", tl_setup),
+                                  ("nnsight trace (same site outputs saved)", "nnsight", nnsight_setup),
+                                  ("HF GPT-2 forward (no hooks)", "transformers", gpt2_setup)):
+            got = peer(pkg, peers, setup)
+            if isinstance(got, str):
+                missing[label] = got
+            else:
+                variants[label], counts[label] = got
+        n_reps = C.reps(args, 60, 5)
+        s = C.interleaved(variants, n_reps, inner=1 if args.quick else 2)
+    base = s["RouteScope trace (all sites)"]
+    t = C.Table("Latency per call (interleaved)", ["variant", "tensors recorded", "median ms", "x RouteScope trace"])
+    for name, xs in s.items():
+        t.add(name, str(counts[name]), C.ms(xs), C.fmt(C.ratio(xs, base), "x"))
+    for name, why in missing.items():
+        t.add(name, "-", why, "-")
+    t.notes.append(f"medians of {n_reps} interleaved repetitions; RouteScope model: pagmlp at 8 layers "
+                   f"({len(names)} sites: alpha, beta and both pathways per layer); llama-dense (SwiGLU) for scale")
+    t.notes.append("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in peers.items()))
+    rep.tables.append(t)
+    tl_key, nn_key = "TransformerLens run_with_cache (all hooks)", "nnsight trace (same site outputs saved)"
+    rep.goals.append(C.Goal("3.transformer-lens", "TransformerLens run_with_cache / RouteScope trace", ">=", 3.0,
+                            C.ratio(s[tl_key], base) if tl_key in s else None, note=missing.get(tl_key, "")))
+    rep.goals.append(C.Goal("3.nnsight", "nnsight trace / RouteScope trace (same tensors)", ">", 1.0,
+                            C.ratio(s[nn_key], base) if nn_key in s else None, note=missing.get(nn_key, "")))
+    return rep
+
+
+if __name__ == "__main__":
+    C.main(run, __doc__)

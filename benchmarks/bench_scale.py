@@ -1,0 +1,95 @@
+"""Goal 7: scale and token merging.
+
+- wiola-120m and wiola-360m presets (random weights, vocab 32,000): forward latency at batch 1,
+  256 tokens, and peak RSS (ru_maxrss), each model in a fresh subprocess.
+- ATM on the trained tiny model (checkpoints/wiola-tiny, else the preset with random weights):
+  a forward with atm=True traced at the ATM sites over validation documents of each domain
+  (core_models.training.corpus.validation_documents); analysis.routing.atm_summary gives the
+  merge ratio mu and the attention-FLOP saving mu (2 - mu) per document and ATM layer, averaged
+  here. Compared with the paper's claim of a 5-9% saving.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from benchmarks import common as C
+
+SEQ = 256
+PAPER_SAVING = (0.05, 0.09)
+
+
+def child(payload: dict) -> dict:
+    from core_models import build_model, from_name
+    rss0 = C.rss_mb()
+    torch.manual_seed(0)
+    model = build_model(from_name(payload["preset"])).eval()
+    rss_model = C.rss_mb()
+    ids = C.random_ids(SEQ, model.vocab_size, seed=7)
+    times = []
+    with torch.no_grad():
+        for i in range(payload["warmup"] + payload["reps"]):
+            t0 = time.perf_counter()
+            model(ids)
+            if i >= payload["warmup"]:
+                times.append(time.perf_counter() - t0)
+    return {"params": model.num_params(), "times": times, "rss_start_mb": rss0, "rss_model_mb": rss_model,
+            "peak_rss_mb": C.peak_rss_mb()}
+
+
+def atm_rates(args) -> tuple[C.Table, float]:
+    import pandas as pd
+
+    from analysis import columns as COL
+    from analysis.routing import atm_summary
+    from core_models import tracing
+    from core_models.training.corpus import validation_documents
+    model, tok, source = C.model_for("wiola-tiny")
+    sites = [n for n in model.site_names() if ".atm." in n]
+    n_docs = 4 if args.quick else 50
+    t = C.Table(f"ATM on wiola-tiny ({source}), tau = {model.config.atm_tau}, {n_docs} validation documents per domain",
+                ["domain", "documents", "mean tokens", "mean mu", "mean attention-FLOP saving mu(2-mu)"])
+    frames = []
+    for domain in ("story", "math"):
+        rows = []
+        for doc in validation_documents(domain, n_docs):
+            ids = tok.encode(doc).ids[:model.context]
+            with torch.no_grad(), tracing(sites) as tr:
+                model(torch.tensor([ids]), atm=True)
+            rows.append(atm_summary(tr))
+        df = pd.concat(rows, ignore_index=True)
+        frames.append(df)
+        t.add(domain, str(n_docs), float(df[COL.N_TOKENS].mean()), C.fmt(float(df[COL.MU].mean()), "%"),
+              C.fmt(float(df[COL.FLOP_SAVING].mean()), "%"))
+    allf = pd.concat(frames, ignore_index=True)
+    saving = float(allf[COL.FLOP_SAVING].mean())
+    t.add("both", str(2 * n_docs), float(allf[COL.N_TOKENS].mean()), C.fmt(float(allf[COL.MU].mean()), "%"),
+          C.fmt(saving, "%"))
+    t.notes.append("averages over documents and ATM layers (one atm_summary row per document and layer); "
+                   f"paper: {PAPER_SAVING[0]:.0%}-{PAPER_SAVING[1]:.0%} attention-FLOP saving")
+    if source != "checkpoints/wiola-tiny":
+        t.notes.append("random weights: merge rates mean nothing until checkpoints/wiola-tiny exists")
+    return t, saving
+
+
+def run(args) -> C.Report:
+    rep = C.Report("bench_scale", "7. Scale (Wiola presets at 256 tokens) and ATM merge rates")
+    t = C.Table(f"Forward at batch 1, {SEQ} tokens, random weights, fresh process per model",
+                ["preset", "params", "median s", "tokens/s", "RSS after build MiB", "peak RSS MiB"])
+    payload = {"warmup": 1, "reps": 1} if args.quick else {"warmup": 1, "reps": 10}
+    for preset in ("wiola-120m", "wiola-360m"):
+        r = C.run_child("benchmarks.bench_scale", {**payload, "preset": preset}, args.threads)
+        med = C.median(r["times"])
+        t.add(preset, f"{r['params']:,}", med, SEQ / med, r["rss_model_mb"], r["peak_rss_mb"])
+    t.notes.append(f"{payload['reps']} timed forward(s) after {payload['warmup']} warm-up; no comparison, so no goal")
+    rep.tables.append(t)
+    atm, saving = atm_rates(args)
+    rep.tables.append(atm)
+    rep.goals.append(C.Goal("7.atm", "ATM attention-FLOP saving mu(2-mu) on wiola-tiny vs the paper's 5-9%", "in",
+                            PAPER_SAVING, saving, unit="%", note="a comparison with the paper, not a speed goal"))
+    return rep
+
+
+if __name__ == "__main__":
+    C.main(run, __doc__, child=child)
