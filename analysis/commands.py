@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from . import columns as C
+
 log = logging.getLogger(__name__)
 
 SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -154,24 +156,32 @@ class _Decoder:
 # --- export ------------------------------------------------------------------------------------
 
 def _export_prompt_batch(model, batch, decode, ablation, args, model_name):
-    """Prompt-only rows: equal-length prompts share a forward (with sampled routing every prompt
-    runs alone, so its Gumbel noise depends only on --seed, not on the batching or sharding)."""
+    """Prompt-only rows. Prompts of a batch share one forward, right-padded to the longest: under
+    causal attention no real position sees the padding, and the padded positions' rows are
+    dropped. With sampled routing every prompt runs alone (its Gumbel noise then depends only on
+    --seed, not on batching or sharding), and with ATM too (merges could reach into padding)."""
     import torch
 
     from core_models import tracing
     from analysis.table import ExportMeta, RowMeta, routing_table
 
-    by_len: dict[int, list[tuple[str, list[int]]]] = {}  # forward group -> prompts
-    for k, (pid, ids) in enumerate(batch):
-        by_len.setdefault(k if args.routing == "sampled" else len(ids), []).append((pid, ids))
-    for group in by_len.values():
+    alone = args.routing == "sampled" or args.atm
+    groups = [[item] for item in batch] if alone else [list(batch)]
+    pad = max(0, getattr(model.config, "pad_id", 0))
+    for group in groups:
+        T = max(len(ids) for _, ids in group)
+        padded = [ids + [pad] * (T - len(ids)) for _, ids in group]
         gen = torch.Generator().manual_seed(args.seed)
         with torch.no_grad(), tracing() as tr:
-            model(torch.tensor([ids for _, ids in group]), ablation=ablation, routing=args.routing, generator=gen,
+            model(torch.tensor(padded), ablation=ablation, routing=args.routing, generator=gen,
                   atm=True if args.atm else None)
         meta = ExportMeta(model=model_name, ablation=ablation.describe(), seed=args.seed,
-                          rows=[RowMeta(pid, ids, decode(ids)) for pid, ids in group])
-        yield routing_table(tr, model, meta=meta)
+                          rows=[RowMeta(pid, row, decode(row)) for (pid, _), row in zip(group, padded)])
+        df = routing_table(tr, model, meta=meta)
+        if any(len(ids) < T for _, ids in group):
+            length = df[C.PROMPT_ID].map({pid: len(ids) for pid, ids in group})
+            df = df[df[C.POSITION].isna() | (df[C.POSITION] < length)].reset_index(drop=True)
+        yield df
 
 
 def _export_generation(model, pid, ids, decode, ablation, args, model_name):
@@ -244,7 +254,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_routes(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from analysis import columns as C
     from analysis import domain as D
 
     probes = D.read_probes(args.probes or D.DEFAULT_PROBES)

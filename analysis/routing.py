@@ -282,11 +282,11 @@ def atm_summary(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
     """Per batch row and ATM layer: tokens, merged pairs, mu and the attention-FLOP saving."""
     df = atm_merges(trace, tau=tau)
     keys = [C.BATCH, C.LAYER]
-    out = df.groupby(keys, sort=False).agg(**{C.N_TOKENS: (C.POSITION, "size"), C.N_PAIRS: (C.MERGED, "sum"),
-                                             C.TAU: (C.TAU, "first"), C.MU: (C.MU, "first"),
-                                             C.FLOP_SAVING: (C.FLOP_SAVING, "first")}).reset_index()
-    out[C.N_PAIRS] = (out[C.N_PAIRS] // 2).astype("int64")
-    return out
+    first = df.drop_duplicates(keys).reset_index(drop=True)  # mu, tau, saving are per (row, layer)
+    sizes = df.groupby(keys, sort=False)[C.MERGED].agg(["size", "sum"]).reset_index(drop=True)
+    return pd.DataFrame({C.BATCH: first[C.BATCH], C.LAYER: first[C.LAYER], C.N_TOKENS: sizes["size"],
+                         C.N_PAIRS: (sizes["sum"] // 2).astype("int64"), C.TAU: first[C.TAU], C.MU: first[C.MU],
+                         C.FLOP_SAVING: first[C.FLOP_SAVING]})
 
 
 def dsff_gates(trace: Trace) -> pd.DataFrame:

@@ -131,8 +131,8 @@ def run_prompt(model: Any, tokenizer: Any, prompt: str, *, settings: RunSettings
     meta = ExportMeta(model=model_name, rows=[RowMeta(prompt_id=prompt_id, token_ids=gen.ids, tokens=tokens,
                                                       n_prompt=len(gen.prompt_ids))],
                       ablation=ablation.describe(), seed=settings.seed)
-    table = routing_table(gen.trace, model, meta=meta)
     views = family_views(gen.trace, model, atm_trace=atm_trace, atm_tau=settings.atm_tau)
+    table = routing_table(gen.trace, model, meta=meta, views=views)  # reuses the views' frames
     return Run(model_name=model_name, family=family_of(model), prompt=prompt, settings=settings,
                ablation=ablation, generation=gen, tokens=tokens, table=table, views=views,
                seconds=time.perf_counter() - t0, atm_trace=atm_trace, notes=list(gen.notes))

@@ -78,19 +78,20 @@ def _per_call(rows: list[tuple[str, str, str, int | None, float]], n_batch: int)
     return df
 
 
-def _papaformer(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], list[str]]:
+def _papaformer(trace: Trace, model: Any, n_batch: int, views: dict) -> tuple[list[pd.DataFrame], list[str]]:
     cfg, parts = model.config, []
     if cfg.combiner != "share_linear":
-        g = R.gumbel_routes(trace, cfg)
+        g = _view(views, "gumbel", lambda: R.gumbel_routes(trace, cfg))
         parts.append(_part(g, site=g[C.LAYER] + ".router.probs", kind="prob", value=C.PROB, selected=C.SELECTED))
-    cos = R.cosine_dominance(trace)
+    cos = _view(views, "cosine", lambda: R.cosine_dominance(trace))
+    notes = list(cos.attrs.get("notes", []))
     cos = cos[cos[C.COSINE].notna()]
     parts.append(_part(cos, site=cos[C.LAYER] + ".paths." + cos[C.OPTION].astype(str) + ".out", kind="cosine",
                        value=C.COSINE, selected=C.DOMINANT))
-    return parts, list(cos.attrs.get("notes", []))
+    return parts, notes
 
 
-def _moep(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], list[str]]:
+def _moep(trace: Trace, model: Any, n_batch: int, views: dict) -> tuple[list[pd.DataFrame], list[str]]:
     parts = []
     for layer in R.topk_layers(trace):
         probs = trace[f"{layer}.router.probs"].float()  # (B, T, n)
@@ -102,13 +103,13 @@ def _moep(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], l
         df = pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o,
                            C.PROB: probs.numpy().ravel(), C.SELECTED: sel.ravel()})
         parts.append(_part(df, site=f"{layer}.router.probs", kind="prob", value=C.PROB, selected=C.SELECTED))
-    w = R.topk_routes(trace)
+    w = _view(views, "topk", lambda: R.topk_routes(trace))
     parts.append(_part(w, site=w[C.LAYER] + ".router.weights", kind="weight", value=C.WEIGHT, selected=True))
     return parts, []
 
 
-def _pgpt(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], list[str]]:
-    p = R.pgpt_paths(trace)
+def _pgpt(trace: Trace, model: Any, n_batch: int, views: dict) -> tuple[list[pd.DataFrame], list[str]]:
+    p = _view(views, "pgpt", lambda: R.pgpt_paths(trace))
     parts = [_part(p, site="paths." + p[C.OPTION].astype(str) + ".out", kind="contribution", value=C.SHARE,
                    selected=C.DOMINANT)]
     w = trace["mixer.weights"].float().tolist()
@@ -116,13 +117,13 @@ def _pgpt(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], l
     return parts, []
 
 
-def _wiola(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], list[str]]:
-    g = R.dsff_gates(trace)
+def _wiola(trace: Trace, model: Any, n_batch: int, views: dict) -> tuple[list[pd.DataFrame], list[str]]:
+    g = _view(views, "dsff", lambda: R.dsff_gates(trace))
     site = g[C.LAYER] + ".gate"
     a = g[C.GATE_MEAN].to_numpy()
     parts = [_part(g, site=site, kind="gate_mean", option=0, value=a, selected=a >= 0.5),
              _part(g, site=site, kind="gate_mean", option=1, value=1.0 - a, selected=a < 0.5)]
-    betas = R.gcla_betas(trace)
+    betas = _view(views, "gcla", lambda: R.gcla_betas(trace))
     parts.append(_per_call([(layer, f"{layer}.gcla_beta", "beta", None, b)
                             for layer, b in zip(betas[C.LAYER], betas[C.BETA])], n_batch))
     atm = R.atm_merges(trace)
@@ -135,8 +136,8 @@ def _wiola(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], 
     return parts, []
 
 
-def _pagmlp(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], list[str]]:
-    p = R.pagmlp_pathways(trace, model)
+def _pagmlp(trace: Trace, model: Any, n_batch: int, views: dict) -> tuple[list[pd.DataFrame], list[str]]:
+    p = _view(views, "pagmlp", lambda: R.pagmlp_pathways(trace, model))
     site = p[C.LAYER] + "." + p[C.LABEL] + "_out"
     share = p[C.SHARE].to_numpy()
     dominant = share >= np.repeat(share.reshape(-1, 2).max(1), 2)
@@ -150,19 +151,24 @@ def _pagmlp(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame],
     return parts, []
 
 
-def _family_parts(trace: Trace, model: Any, n_batch: int) -> tuple[list[pd.DataFrame], list[str]]:
+def _view(views: dict, key: str, compute) -> pd.DataFrame:
+    """An analysis frame the caller already computed from the same trace, or compute it."""
+    return views[key] if key in views else compute()
+
+
+def _family_parts(trace: Trace, model: Any, n_batch: int, views: dict) -> tuple[list[pd.DataFrame], list[str]]:
     cfg = model.config
     fam = cfg.family
     if fam == "papaformer":
-        return _papaformer(trace, model, n_batch)
+        return _papaformer(trace, model, n_batch, views)
     if fam == "moep":
-        return _moep(trace, model, n_batch)
+        return _moep(trace, model, n_batch, views)
     if fam == "pgpt":
-        return _pgpt(trace, model, n_batch)
+        return _pgpt(trace, model, n_batch, views)
     if fam == "wiola":
-        return _wiola(trace, model, n_batch)
+        return _wiola(trace, model, n_batch, views)
     if fam == "llama" and getattr(cfg, "ffn", "") == "pagmlp":
-        return _pagmlp(trace, model, n_batch)
+        return _pagmlp(trace, model, n_batch, views)
     return [], [f"family {fam!r} has no routing sites to export"]
 
 
@@ -170,14 +176,15 @@ def empty_table() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in C.EXPORT_SCHEMA.items()})
 
 
-def routing_table(trace: Trace, model: Any, *, meta: ExportMeta) -> pd.DataFrame:
+def routing_table(trace: Trace, model: Any, *, meta: ExportMeta, views: dict | None = None) -> pd.DataFrame:
     """One traced call (any family, any batch size) as rows of the export schema.
 
     Per-token rows carry position, token_id, token and phase from `meta`; per-call rows (learned
     weights, betas) have them NA and are repeated for every batch row. Notes (e.g. a layer whose
-    cosine is undefined) are in `df.attrs["notes"]`."""
+    cosine is undefined) are in `df.attrs["notes"]`. `views`: analysis frames already computed
+    from this same trace (as `analysis.session.family_views` names them), reused, not recomputed."""
     n_batch = len(meta.rows)
-    parts, notes = _family_parts(trace, model, n_batch)
+    parts, notes = _family_parts(trace, model, n_batch, views or {})
     parts = [p for p in parts if len(p)]
     if not parts:
         out = empty_table()
@@ -224,7 +231,11 @@ def routing_table(trace: Trace, model: Any, *, meta: ExportMeta) -> pd.DataFrame
 
 
 def conform(df: pd.DataFrame) -> pd.DataFrame:
-    """Cast to the export schema's columns, order and dtypes; ValueError naming missing/extra columns."""
+    """Cast to the export schema's columns, order and dtypes; ValueError naming missing/extra columns.
+    A frame that already conforms is returned as it is (no copy)."""
+    if list(df.columns) == list(C.EXPORT_SCHEMA) and all(
+            str(df[c].dtype) == t for c, t in C.EXPORT_SCHEMA.items()) and df.index.equals(pd.RangeIndex(len(df))):
+        return df
     missing = [c for c in C.EXPORT_COLUMNS if c not in df.columns]
     extra = [c for c in df.columns if c not in C.EXPORT_SCHEMA]
     if missing or extra:

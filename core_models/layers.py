@@ -70,21 +70,24 @@ class Rotary(nn.Module):
         # float32 angles, as in the papers' reference code; table covers 2 * context positions
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
         angles = torch.outer(torch.arange(2 * context, dtype=torch.float32), inv_freq)  # (2C, hd/2)
+        if style == "half":  # full-width tables: one multiply-add per call on the hot path
+            angles = torch.cat((angles, angles), dim=-1)  # (2C, hd)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
         # x: (B, H, T, hd)
         T = x.shape[2]
-        cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # (T, hd/2)
+        cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # (T, hd) or (T, hd/2)
         if self.style == "interleaved":  # pairs (2i, 2i+1) as complex numbers
             x2 = x.float().unflatten(-1, (-1, 2))
             a, b = x2[..., 0], x2[..., 1]
             out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-        else:  # rotate-half: feature i pairs with i + hd/2
-            a, b = x.float().chunk(2, dim=-1)
-            out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
-        return out.type_as(x)
+            return out.type_as(x)
+        # rotate-half: feature i pairs with i + hd/2: (a, b) -> (a cos - b sin, b cos + a sin)
+        xf = x.float()
+        a, b = xf.chunk(2, dim=-1)
+        return (xf * cos + torch.cat((-b, a), dim=-1) * sin).type_as(x)
 
 
 class Attention(nn.Module):

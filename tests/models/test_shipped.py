@@ -9,7 +9,8 @@ from core_models.checkpoint import load_checkpoint
 from core_models.generate import generate
 
 ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
-SHIPPED = sorted(d.name for d in ROOT.iterdir() if (d / "config.json").is_file()) if ROOT.is_dir() else []
+SHIPPED = sorted(d.name for d in ROOT.iterdir()
+                 if (d / "config.json").is_file() and not d.name.startswith(".")) if ROOT.is_dir() else []
 EXPECTED = {"llama-dense", "pagmlp", "path-story", "path-math", "papaformer-share-linear", "papaformer-gumbel-v1",
             "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny"}
 
