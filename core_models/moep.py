@@ -206,6 +206,10 @@ class MoEP(RouteScopeLM):
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         init_weights(self)
         scaled_residual_init(self, c.n_pre + c.n_parallel_layers + c.n_post)  # blocks along a token's path
+        for m in self.modules():
+            if isinstance(m, SwiGLUExpert):  # no residual around the width changes: keep unit scale
+                for lin in (m.gate, m.up, m.down):
+                    nn.init.normal_(lin.weight, 0.0, lin.in_features ** -0.5)
         if c.tie_embeddings:
             self.head.weight = self.embed.wte.weight
         self.moe_shrink.name, self.moe_grow.name = "moe_shrink", "moe_grow"
