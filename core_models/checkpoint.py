@@ -33,6 +33,7 @@ def save_checkpoint(model: RouteScopeLM, path: str | os.PathLike, *, tokenizer=N
         raise CheckpointError(f"{path} exists (pass overwrite=True to replace it)")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
     try:
         (tmp / CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         # a copy in the storage dtype; save_model drops the duplicate names of tied weights
