@@ -74,9 +74,12 @@ def _hover(df: pd.DataFrame, layers: list[str], T: int, tokens: list[str], line)
     """Hover text per (layer, position): token, layer, then one line per option row."""
     out = np.full((len(layers), T), "", dtype=object)
     li = {l: i for i, l in enumerate(layers)}
-    for (layer, pos), g in df.groupby([C.LAYER, C.POSITION], sort=False):
-        head = f"<b>{html.escape(show_token(tokens[pos]))}</b> (pos {pos})<br>{layer}"
-        out[li[layer], pos] = head + "".join("<br>" + line(r) for r in g.itertuples(index=False))
+    lines: dict[tuple[int, int], list[str]] = {}
+    for r in df.itertuples(index=False):  # one pass over all rows (per-group iteration is ~50x slower)
+        lines.setdefault((li[r.layer], int(r.position)), []).append(line(r))
+    shown = [html.escape(show_token(t)) for t in tokens]
+    for (i, pos), ls in lines.items():
+        out[i, pos] = f"<b>{shown[pos]}</b> (pos {pos})<br>{layers[i]}<br>" + "<br>".join(ls)
     return out
 
 

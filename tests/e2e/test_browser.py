@@ -26,6 +26,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--no-first-run", "--disable-component-update", "--disable-sync"]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
+PROMPT_64 = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her red "
+             "ball. One sunny Sunday, Lily saw a small dog near the big tree. The dog looked sad and lonely. "
+             "Lily walked over and said, \"Hello, dear little dog!")  # 64 tokens with the shipped tokenizer (checked below)
 
 
 def free_port() -> int:
@@ -87,8 +90,16 @@ def _pick(page, name: str) -> None:
     _ready(page, "updated in")
 
 
+def _idle(page) -> None:
+    """Wait until Streamlit has finished the rerun in flight (its status widget is gone)."""
+    time.sleep(0.3)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+
+
 def _toggle_time(page, label: str, expect: str) -> float:
-    """Click a checkbox and wait until the ablation caption and the routing heatmap show it."""
+    """Click a checkbox and wait until the ablation caption and the routing heatmap show it
+    (the ablated run is not cached yet: this is a full re-run: generation, trace, analyses)."""
+    _idle(page)
     t0 = time.perf_counter()
     page.get_by_text(label, exact=True).click()
     page.wait_for_function(
@@ -131,8 +142,15 @@ def test_prompt_toggle_download(app_url, browser, tmp_path):
     table = read_csv(path)  # the documented reader gives the typed table back
     assert table["token"].str.strip().eq("3").any() and (table["ablation"] == "drop *:1").all()
 
-    # a PaPaformer checkpoint: toggle a path and time the update
+    # a PaPaformer checkpoint with a 64-token prompt: toggle a path and time the update
     _pick(page, "papaformer-gumbel-v2")
+    from tokenizers import Tokenizer
+    assert len(Tokenizer.from_file(str(ROOT / "checkpoints" / "tokenizer.json")).encode(PROMPT_64).ids) == 64
+    box.fill(PROMPT_64)
+    box.press("Control+Enter")
+    page.get_by_role("radio", name="Generation", exact=True).click()
+    page.wait_for_function("() => [...document.querySelectorAll('.rs-text')].some(e => e.innerText.includes('Sunday'))",
+                           timeout=60_000)
     page.get_by_role("radio", name="Routing", exact=True).click()
     papa_ms = _toggle_time(page, "Drop path 1", "drop *:0") * 1000
     page.screenshot(path=str(ARTIFACTS / "04_papaformer_drop_path1.png"), full_page=True)
