@@ -21,14 +21,6 @@ class CheckpointInfo:
     has_tokenizer: bool = False
     problem: str | None = None  # why it cannot be opened, if it cannot
 
-    def label(self) -> str:
-        parts = [self.name, self.family]
-        if self.params:
-            parts.append(f"{self.params / 1e6:.2f}M params")
-        if self.val_loss:
-            parts.append("val " + " / ".join(f"{d} {v:.2f}" for d, v in self.val_loss.items()))
-        return " · ".join(parts)
-
 
 def checkpoint_roots(extra: list[str] | None = None) -> list[Path]:
     roots = [DEFAULT_ROOT] + [Path(p) for p in os.environ.get(ENV_ROOTS, "").split(os.pathsep) if p]

@@ -13,8 +13,6 @@ def _load(path: str):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import torch
-
     from core_models.generate import Sampling, generate
     from core_models.runtime import Ablation
 
@@ -75,8 +73,6 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     import shlex
-
-    import torch
 
     from core_models.checkpoint import load_tokenizer_file
     from core_models.training.trainer import TrainConfig, train

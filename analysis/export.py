@@ -32,7 +32,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -278,12 +278,6 @@ def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
 
 def read_table(path: str | os.PathLike) -> pd.DataFrame:
     return read_csv(path) if export_format(path) == "csv" else read_parquet(path)
-
-
-def iter_csv_cells(path: str | os.PathLike) -> Iterable[list[str]]:
-    """Raw records of a CSV as the csv module sees them (for inspection and tests)."""
-    with open(path, encoding="utf-8", newline="") as f:
-        yield from csv.reader(f)
 
 
 # --- in-memory exports (downloads) -------------------------------------------------------------

@@ -14,7 +14,6 @@ from core_models.generate import Generation, Sampling, generate
 from core_models.runtime import Ablation, Trace, tracing
 
 from . import routing as R
-from .effects import generation_diff
 from .table import ExportMeta, RowMeta, routing_table
 
 
@@ -147,11 +146,6 @@ def candidates_table(run: Run, tokenizer: Any = None) -> pd.DataFrame:
             rows.append({"step": i, "position": s.position, "chosen_token": run.tokens[s.position],
                          "chosen_prob": s.prob, "rank": rank, "candidate": text, "candidate_id": tid, "prob": p})
     return pd.DataFrame(rows)
-
-
-def compare_runs(base: Run, ablated: Run, tokenizer: Any = None) -> pd.DataFrame:
-    """Side-by-side diff of the continuations (changed tokens flagged)."""
-    return generation_diff(base.generation, ablated.generation, tokenizer)
 
 
 def provenance(run: Run) -> dict[str, Any]:

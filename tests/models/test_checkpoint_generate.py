@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from core_models import Ablation, InputError, tracing
+from core_models import Ablation, InputError
 from core_models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from core_models.generate import Sampling, filter_logits, generate
 
@@ -131,5 +131,3 @@ def test_every_family_generates_with_cache(family_model):
     gen = generate(model, [1, 2, 3], max_new_tokens=6)
     full = model(torch.tensor([gen.ids])).logits[0, 2:-1].argmax(-1)
     assert gen.new_ids == full.tolist()
-    with tracing():
-        pass

@@ -73,7 +73,7 @@ def test_trace_records_only_requested_sites_and_nothing_when_idle(family_model):
         model(idx)
     assert tr.names() == names
     plain = model(idx).logits  # outside any trace: still the same function
-    with tracing() as tr2:
+    with tracing():
         traced = model(idx).logits
     torch.testing.assert_close(plain, traced, atol=0, rtol=0)
 

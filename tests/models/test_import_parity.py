@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from core_models import Ablation, tracing
 from core_models.checkpoint import load_checkpoint

@@ -4,7 +4,6 @@ import threading
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from core_models import Ablation, AblationError, tracing
 from core_models.runtime import active_trace
