@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     im = sub.add_parser("import", help="convert a checkpoint trained with the papers' own code")
     im.add_argument("--from", dest="source", required=True,
                     choices=("papaformer-share-linear", "papaformer-gumbel-v1", "papaformer-gumbel-v2", "pgpt"))
-    im.add_argument("--weights", required=True, help=".safetensors, or .pt/.pth read with weights_only=True")
+    im.add_argument("--weights", required=True, help="reference state dict as .safetensors (pickle files are refused)")
     im.add_argument("--config", required=True, help="JSON with the reference's own argument names")
     im.add_argument("--out", required=True)
     im.add_argument("--tokenizer", default=None)

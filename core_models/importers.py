@@ -7,8 +7,8 @@
 The reference hyper-parameters come as JSON with the reference's own argument names (the parity
 fixtures' config.json is accepted as it is). Each RouteScope tensor is mapped from named
 reference tensors; before anything is copied every unknown, missing or mis-shaped reference key is
-collected and reported together. Weights are read from .safetensors or, for .pt/.pth files, with
-torch.load(weights_only=True): nothing is ever unpickled.
+collected and reported together. Weights are read from .safetensors only: a pickle-based .pt/.pth
+file is refused, never opened (convert it where it was trained).
 """
 from __future__ import annotations
 
@@ -169,18 +169,10 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         except Exception as e:
             raise ImportError_(f"{path}: not a readable safetensors file ({e})") from None
-    if path.suffix in (".pt", ".pth", ".bin"):
-        try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)  # never full unpickling
-        except Exception as e:
-            raise ImportError_(f"{path}: cannot be read as plain tensors with weights_only=True ({e})") from None
-        for wrapper in ("state_dict", "model"):  # common training-loop wrappers
-            if isinstance(obj, dict) and isinstance(obj.get(wrapper), dict):
-                obj = obj[wrapper]
-        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise ImportError_(f"{path}: expected a state dict of tensors")
-        return obj
-    raise ImportError_(f"{path}: unsupported weights format {path.suffix!r} (use .safetensors, .pt or .pth)")
+    if path.suffix in (".pt", ".pth", ".bin", ".ckpt", ".pkl"):
+        raise ImportError_(f"{path}: pickle-based weights are not opened (loading them can run code); convert them "
+                           "where they were trained: safetensors.torch.save_file(state_dict, 'weights.safetensors')")
+    raise ImportError_(f"{path}: unsupported weights format {path.suffix!r} (expected .safetensors)")
 
 
 def convert(source: str, state: dict[str, torch.Tensor], ref_config: dict[str, Any]) -> RouteScopeLM:

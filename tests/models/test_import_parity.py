@@ -1,5 +1,6 @@
 """Parity with the papers' own code (fixtures in ../shared/fixtures/reference) and importer checks."""
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -170,18 +171,16 @@ def test_imported_checkpoint_works_everywhere(tmp_path):
     assert len(gen.new_ids) == 5 and "parallel.1.router.choice" in gen.trace
 
 
-def test_pt_files_are_read_without_unpickling(tmp_path):
-    sd = load_file(FIXTURES / "pgpt" / "weights.safetensors")
-    torch.save({"model": sd}, tmp_path / "ckpt.pt")
-    cfg = json.loads((FIXTURES / "pgpt" / "config.json").read_text())
-    out = import_checkpoint("pgpt", tmp_path / "ckpt.pt", cfg, tmp_path / "out")
-    assert (out / "model.safetensors").is_file()
-
+def test_pickle_files_are_refused_unopened(tmp_path):
     class Evil:
         def __reduce__(self):
-            return (print, ("unpickled!",))
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
 
     torch.save({"x": Evil()}, tmp_path / "evil.pt")
-    with pytest.raises(ImportError_, match="weights_only"):
-        import_checkpoint("pgpt", tmp_path / "evil.pt", cfg, tmp_path / "out2")
-    assert not (tmp_path / "out2").exists()
+    cfg = json.loads((FIXTURES / "pgpt" / "config.json").read_text())
+    with pytest.raises(ImportError_, match="pickle-based weights are not opened"):
+        import_checkpoint("pgpt", tmp_path / "evil.pt", cfg, tmp_path / "out")
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
+    (tmp_path / "w.bin").write_bytes(b"not looked at")
+    with pytest.raises(ImportError_, match="pickle-based"):
+        import_checkpoint("pgpt", tmp_path / "w.bin", cfg, tmp_path / "out")
