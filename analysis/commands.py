@@ -172,7 +172,7 @@ def _export_prompt_batch(model, batch, decode, ablation, args, model_name):
         T = max(len(ids) for _, ids in group)
         padded = [ids + [pad] * (T - len(ids)) for _, ids in group]
         gen = torch.Generator().manual_seed(args.seed)
-        with torch.no_grad(), tracing() as tr:
+        with torch.inference_mode(), tracing() as tr:
             model(torch.tensor(padded), ablation=ablation, routing=args.routing, generator=gen,
                   atm=True if args.atm else None)
         meta = ExportMeta(model=model_name, ablation=ablation.describe(), seed=args.seed,

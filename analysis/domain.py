@@ -117,7 +117,7 @@ def _sites(config: Any) -> list[str]:
     return [f"parallel.{i}.router.choice" for i in range(config.n_parallel_layers)]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: bool = False) -> pd.DataFrame:
     """Run every probe (alone, deterministic routing) and return one row per (probe, parallel
     layer): prompt_id, domain, expected_path, layer, route, correct. Prompts longer than the

@@ -23,7 +23,7 @@ def _ids(input_ids: Any) -> torch.Tensor:
     return ids.unsqueeze(0) if ids.dim() == 1 else ids
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def ablation_effects(model: Any, input_ids: Any, ablation: Ablation, *, routing: str = "deterministic",
                      seed: int = 0) -> pd.DataFrame:
     """Per batch row and position: KL(base || ablated) of the next-token distributions (nats),

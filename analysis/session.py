@@ -111,7 +111,7 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return ids
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def run_prompt(model: Any, tokenizer: Any, prompt: str, *, settings: RunSettings = RunSettings(),
                ablation: Ablation | None = None, model_name: str = "model", prompt_id: str = "p0") -> Run:
     """Generate, trace every routing site of prompt and continuation, and build the tables."""

@@ -76,7 +76,7 @@ def filter_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(model: RouteScopeLM, prompt_ids: list[int], *, max_new_tokens: int = 32,
              sampling: Sampling = Sampling(), top_n: int = 5, ablation: Ablation | None = None,
              routing: str = "deterministic", routing_seed: int = 0, trace_sites: list[str] | None | bool = False,

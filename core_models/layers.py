@@ -51,6 +51,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the usual case: skip two no-op casts (each a dispatch per call)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).type_as(x)
 
 
@@ -62,7 +64,8 @@ def make_norm(spec: BlockSpec, dim: int | None = None) -> nn.Module:
 
 
 class Rotary(nn.Module):
-    """Rotary position tables for one head size; `style` picks the pairing of features."""
+    """Rotary position tables for one head size; `style` picks the pairing of features.
+    Applied in the (batch, pos, heads, head_dim) layout, so queries and keys rotate in one pass."""
 
     def __init__(self, head_dim: int, context: int, base: float, style: str) -> None:
         super().__init__()
@@ -72,22 +75,22 @@ class Rotary(nn.Module):
         angles = torch.outer(torch.arange(2 * context, dtype=torch.float32), inv_freq)  # (2C, hd/2)
         if style == "half":  # full-width tables: one multiply-add per call on the hot path
             angles = torch.cat((angles, angles), dim=-1)  # (2C, hd)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", angles.cos()[:, None], persistent=False)  # (2C, 1, hd) or (2C, 1, hd/2)
+        self.register_buffer("sin", angles.sin()[:, None], persistent=False)
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        # x: (B, H, T, hd)
-        T = x.shape[2]
-        cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # (T, hd) or (T, hd/2)
+        # x: (B, T, heads, hd) at positions start .. start + T - 1
+        T = x.shape[1]
+        cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # (T, 1, hd) or (T, 1, hd/2)
+        xf = x if x.dtype == torch.float32 else x.float()
         if self.style == "interleaved":  # pairs (2i, 2i+1) as complex numbers
-            x2 = x.float().unflatten(-1, (-1, 2))
+            x2 = xf.unflatten(-1, (-1, 2))
             a, b = x2[..., 0], x2[..., 1]
             out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-            return out.type_as(x)
-        # rotate-half: feature i pairs with i + hd/2: (a, b) -> (a cos - b sin, b cos + a sin)
-        xf = x.float()
-        a, b = xf.chunk(2, dim=-1)
-        return (xf * cos + torch.cat((-b, a), dim=-1) * sin).type_as(x)
+        else:  # rotate-half: feature i pairs with i + hd/2: (a, b) -> (a cos - b sin, b cos + a sin)
+            a, b = xf.chunk(2, dim=-1)
+            out = torch.addcmul(xf * cos, torch.cat((-b, a), dim=-1), sin)
+        return out if out.dtype == x.dtype else out.type_as(x)
 
 
 class Attention(nn.Module):
@@ -104,18 +107,18 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
+        H, Hkv = self.n_heads, self.n_kv
         st = runtime.current()
         start = st.cache.pos if st.cache is not None else 0
-        q, k, v = self.qkv(x).split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
-        q = q.view(B, T, self.n_heads, self.hd).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        qk, v = self.qkv(x).view(B, T, H + 2 * Hkv, self.hd).split([H + Hkv, Hkv], dim=2)  # (B, T, heads, hd)
         if self.rotary is not None:
-            q, k = self.rotary(q, start), self.rotary(k, start)
+            qk = self.rotary(qk, start)
+        q, k = qk.transpose(1, 2).split([H, Hkv], dim=1)  # (B, H, T, hd), (B, Hkv, T, hd)
+        v = v.transpose(1, 2)  # (B, Hkv, T, hd)
         if st.cache is not None:
             k, v = st.cache.append(self.layer_id, k, v, self.context)
         y = attend(q, k, v, start, st.pad_mask)  # (B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)
+        y = y.transpose(1, 2).reshape(B, T, H * self.hd)
         return self.proj(y) if self.proj is not None else y
 
 

@@ -285,9 +285,10 @@ def test_srpe_formula_and_rope_limit():
     for m, i in ((0, 0), (5, 1), (17, 3)):
         angle = m * 10000 ** (-2 * i / hd) + 0.1 * math.sin(2 * math.pi * 0.01 * m + 2 * math.pi * (i % 8) / 8)
         assert math.isclose(float(s.cos[m, i]), math.cos(angle), abs_tol=1e-6)
-    x = torch.randn(1, 2, 5, hd)
+    x = torch.randn(1, 2, 5, hd)  # (B, H, T, hd); Rotary takes (B, T, H, hd)
     pos = torch.arange(3, 8)[None]
-    torch.testing.assert_close(SRPE(hd, C, a_s=0.0)(x, pos), Rotary(hd, C, 10000.0, "half")(x, 3))
+    rope = Rotary(hd, C, 10000.0, "half")(x.transpose(1, 2), 3).transpose(1, 2)
+    torch.testing.assert_close(SRPE(hd, C, a_s=0.0)(x, pos), rope)
     assert not s.state_dict()  # tables are non-persistent
 
 
