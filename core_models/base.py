@@ -86,7 +86,7 @@ class RouteScopeLM(nn.Module):
             raise InputError("input ids must be an integer tensor of shape [batch, pos]")
         if idx.numel() == 0:
             raise InputError("empty input: the prompt has no tokens")
-        lo, hi = int(idx.min()), int(idx.max())
+        lo, hi = map(int, torch.aminmax(idx))
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
             raise InputError(f"token id {bad} is out of the vocabulary (0..{self.vocab_size - 1})")

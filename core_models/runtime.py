@@ -46,6 +46,8 @@ class Ablation:
         return not self.drop and not self.force
 
     def dropped(self, layer: str) -> frozenset[int]:
+        if not self.drop:  # asked by every routing layer on every call
+            return _NONE_DROPPED
         return frozenset(o for l, o in self.drop if l == layer or l == ALL_LAYERS)
 
     def forced(self, layer: str) -> int | None:
@@ -84,6 +86,7 @@ class Ablation:
             raise AblationError("invalid ablation: " + "; ".join(bad))
 
 
+_NONE_DROPPED: frozenset[int] = frozenset()
 _SPEC = re.compile(r"^\s*(?:(?P<layer>[\w.*]+)\s*:\s*)?(?P<option>\d+)\s*$")
 
 
@@ -110,16 +113,17 @@ class KVCache:
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         # k, v: (B, H, T, hd) -> all keys so far (B, H, L + T, hd), views into the buffer
         B, H, T, hd = k.shape
-        if self.k[layer] is None:
-            self.k[layer] = k.new_empty(B, H, capacity, hd)
-            self.v[layer] = v.new_empty(B, H, capacity, hd)
+        kb, vb = self.k[layer], self.v[layer]
+        if kb is None:
+            kb = self.k[layer] = k.new_empty(B, H, capacity, hd)
+            vb = self.v[layer] = v.new_empty(B, H, capacity, hd)
         start = self.lengths[layer]
         if start + T > capacity:
             raise ValueError(f"KV cache full: {start} + {T} tokens exceed the context length {capacity}")
-        self.k[layer][:, :, start:start + T] = k
-        self.v[layer][:, :, start:start + T] = v
+        kb.narrow(2, start, T).copy_(k)  # narrow: the cheapest view on a per-token path
+        vb.narrow(2, start, T).copy_(v)
         self.lengths[layer] = start + T
-        return self.k[layer][:, :, :start + T], self.v[layer][:, :, :start + T]
+        return kb.narrow(2, 0, start + T), vb.narrow(2, 0, start + T)
 
 
 @dataclass
@@ -184,9 +188,12 @@ class Trace:
         if edit is not None:
             x = edit(x)
         if self.wanted is None or name in self.wanted:
-            self.records.setdefault(name, []).append(x.detach().clone())
-            self.pos_axis[name] = pos_axis
-            self.shapes[name] = shape
+            recs = self.records.get(name)
+            if recs is None:
+                recs = self.records[name] = []
+                self.pos_axis[name] = pos_axis
+                self.shapes[name] = shape
+            recs.append(x.detach().clone() if x.requires_grad else x.clone())
         return x
 
     def names(self) -> list[str]:

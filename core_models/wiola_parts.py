@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import runtime
-from .layers import MLP, SwiGLU
+from .layers import MLP, SwiGLU, rms_norm
 from .sites import Site
 
 ROPE_BASE = 10000.0
@@ -27,7 +27,7 @@ class WiolaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = x.float() + self.delta.float()  # (..., d)
-        return F.rms_norm(z, self.weight.shape, self.weight.float(), self.eps).type_as(x)
+        return rms_norm(z, self.weight, self.eps).type_as(x)
 
 
 class SRPE(nn.Module):

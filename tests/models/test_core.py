@@ -1,11 +1,14 @@
 """Behaviour every family shares: shapes, parameter formulas, causality, KV cache, trace sites."""
 import json
+import math
 import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from core_models import ConfigError, InputError, build_model, config_from_dict, param_count, tracing
+from core_models.layers import gelu, gelu_exact, rms_norm
 
 from tiny_models import TINY, tiny_model
 
@@ -132,3 +135,23 @@ def TINY_cfg(key):
     from core_models import from_name
     preset, over = TINY[key]
     return from_name(preset, **over)
+
+
+def test_rms_norm_is_bit_identical_to_torch():
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 7, 128) * 4, torch.randn(128)
+    assert torch.equal(rms_norm(x, w, 1e-6), F.rms_norm(x, (128,), w, 1e-6))
+    xh = x.to(torch.bfloat16)  # low precision in, float32 arithmetic, low precision out
+    got = rms_norm(xh, w, 1e-6)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, F.rms_norm(xh.float(), (128,), w, 1e-6).to(torch.bfloat16))
+
+
+def test_gelu_exact_matches_the_erf_definition():
+    x = torch.cat((torch.linspace(-12, 12, 20001), torch.randn(5000) * 3))
+    want = (x.double() * 0.5 * (1 + torch.special.erf(x.double() / math.sqrt(2)))).float()
+    for chunk, expected in ((x, want), (x[:300], want[:300])):  # both paths: F.gelu and the small-input formula
+        got = gelu_exact(chunk)
+        assert (got - expected).abs().max() <= 1e-6
+        assert (got - F.gelu(chunk)).abs().max() <= 1e-6
+    assert torch.equal(gelu(x, "tanh"), F.gelu(x, approximate="tanh"))
