@@ -8,7 +8,8 @@
 - nnsight wrapping the same RouteScope model and saving the outputs of the same site modules
   (the same tensors RouteScope records). Goal: RouteScope faster.
 - HF GPT-2 of the same shape, plain forward (context only).
-Peers are built from configs with random weights (HF_HUB_OFFLINE=1); a peer that is not
+Every variant runs under torch.no_grad and again under torch.inference_mode, all interleaved; a
+goal is reported per mode. Peers are built from configs with random weights (HF_HUB_OFFLINE=1); a peer that is not
 installed (`pip install -e .[bench]`) is reported as such and its goal as not measured.
 """
 from __future__ import annotations
@@ -79,6 +80,22 @@ def peer(pkg: str, versions: dict, setup):
         return f"{pkg} {versions[pkg]} failed: {type(e).__name__}: {str(e)[:80]}"
 
 
+MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+TL_KEY, NN_KEY = "TransformerLens run_with_cache (all hooks)", "nnsight trace (same site outputs saved)"
+RS_KEY = "RouteScope trace (all sites)"
+TL_PLAIN = "TransformerLens forward (no cache)"
+
+
+def in_mode(mode: str, f):
+    """f run under one grad mode: every variant of a table row set gets the same one."""
+    ctx = MODES[mode]
+
+    def run():
+        with ctx():
+            return f()
+    return run
+
+
 def run(args) -> C.Report:
     rep = C.Report("bench_peers", "3. Peers on one shape (d128, 8 layers, 4 heads, V4096, 64 tokens)")
     peers = C.peers_available()
@@ -91,19 +108,20 @@ def run(args) -> C.Report:
             model(ids)
 
     dense, _, _ = C.model_for("llama-dense", **C.REF_SHAPE)  # same shape, SwiGLU, no sites
-    variants = {"RouteScope trace (all sites)": rs_traced, "RouteScope forward (no trace)": lambda: model(ids),
-                "RouteScope llama-dense forward (no sites)": lambda: dense(ids)}
-    counts = {"RouteScope trace (all sites)": len(names), "RouteScope forward (no trace)": 0,
-              "RouteScope llama-dense forward (no sites)": 0}
+    base = {RS_KEY: rs_traced, "RouteScope forward (no trace)": lambda: model(ids),
+            "RouteScope llama-dense forward (no sites)": lambda: dense(ids)}
+    counts = {RS_KEY: len(names), "RouteScope forward (no trace)": 0, "RouteScope llama-dense forward (no sites)": 0}
     missing: dict[str, str] = {}
     with torch.no_grad():
         with tracing() as tr:
             model(ids)
         assert len(tr.names()) == len(names)
+
         def tl_setup():
             with warnings.catch_warnings():  # 3.9 warns that HookedTransformer goes away in 4.0
                 warnings.simplefilter("ignore", DeprecationWarning)
                 tl = transformer_lens_model(model.config.hidden)
+            base[TL_PLAIN], counts[TL_PLAIN] = (lambda: tl(ids)), 0  # context: TransformerLens without a cache
             return (lambda: tl.run_with_cache(ids)), len(tl.run_with_cache(ids)[1])
 
         def nnsight_setup():
@@ -116,31 +134,43 @@ def run(args) -> C.Report:
             gpt2 = gpt2_model()
             return (lambda: gpt2(ids)), 0
 
-        for label, pkg, setup in (("TransformerLens run_with_cache (all hooks)", "transformer-lens", tl_setup),
-                                  ("nnsight trace (same site outputs saved)", "nnsight", nnsight_setup),
+        for label, pkg, setup in ((TL_KEY, "transformer-lens", tl_setup), (NN_KEY, "nnsight", nnsight_setup),
                                   ("HF GPT-2 forward (no hooks)", "transformers", gpt2_setup)):
             got = peer(pkg, peers, setup)
             if isinstance(got, str):
                 missing[label] = got
             else:
-                variants[label], counts[label] = got
-        n_reps = C.reps(args, 60, 5)
-        s = C.interleaved(variants, n_reps, inner=1 if args.quick else 2)
-    base = s["RouteScope trace (all sites)"]
-    t = C.Table("Latency per call (interleaved)", ["variant", "tensors recorded", "median ms", "x RouteScope trace"])
-    for name, xs in s.items():
-        t.add(name, str(counts[name]), C.ms(xs), C.fmt(C.ratio(xs, base), "x"))
+                base[label], counts[label] = got
+    # every variant under both grad modes, all interleaved in one loop
+    variants = {(mode, name): in_mode(mode, f) for mode in MODES for name, f in base.items()}
+    n_reps = C.reps(args, 60, 5)
+    s = C.interleaved(variants, n_reps, inner=1 if args.quick else 2)
+    t = C.Table("Latency per call (interleaved; each library called under the same grad mode)",
+                ["variant", "tensors recorded", "no_grad ms", "no_grad: x trace", "inference_mode ms",
+                 "inference_mode: x trace"])
+    for name in base:
+        row = [name, str(counts[name])]
+        for mode in MODES:
+            xs = s[(mode, name)]
+            row += [C.ms(xs), C.fmt(C.ratio(xs, s[(mode, RS_KEY)]), "x")]
+        t.add(*row)
     for name, why in missing.items():
-        t.add(name, "-", why, "-")
+        t.add(name, "-", why, "-", "-", "-")
     t.notes.append(f"medians of {n_reps} interleaved repetitions; RouteScope model: pagmlp at 8 layers "
                    f"({len(names)} sites: alpha, beta and both pathways per layer); llama-dense (SwiGLU) for scale")
+    t.notes.append("RouteScope's own entry points (generation, the app, export) run under torch.inference_mode; "
+                   "here every library gets the same mode, once no_grad (the usual notebook setting) and once "
+                   "inference_mode")
     t.notes.append("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in peers.items()))
     rep.tables.append(t)
-    tl_key, nn_key = "TransformerLens run_with_cache (all hooks)", "nnsight trace (same site outputs saved)"
-    rep.goals.append(C.Goal("3.transformer-lens", "TransformerLens run_with_cache / RouteScope trace", ">=", 3.0,
-                            C.ratio(s[tl_key], base) if tl_key in s else None, note=missing.get(tl_key, "")))
-    rep.goals.append(C.Goal("3.nnsight", "nnsight trace / RouteScope trace (same tensors)", ">", 1.0,
-                            C.ratio(s[nn_key], base) if nn_key in s else None, note=missing.get(nn_key, "")))
+    for mode in MODES:
+        tl, nn_ = s.get((mode, TL_KEY)), s.get((mode, NN_KEY))
+        rs = s[(mode, RS_KEY)]
+        rep.goals.append(C.Goal(f"3.transformer-lens.{mode}", f"TransformerLens run_with_cache / RouteScope trace "
+                                f"({mode})", ">=", 3.0, C.ratio(tl, rs) if tl else None,
+                                note=missing.get(TL_KEY, "")))
+        rep.goals.append(C.Goal(f"3.nnsight.{mode}", f"nnsight trace / RouteScope trace, same tensors ({mode})", ">",
+                                1.0, C.ratio(nn_, rs) if nn_ else None, note=missing.get(NN_KEY, "")))
     return rep
 
 
