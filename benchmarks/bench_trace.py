@@ -17,8 +17,11 @@ from core_models.sites import Site
 
 
 def strip_sites(model: nn.Module) -> nn.Module:
-    """A deep copy of `model` with every routing site replaced by nn.Identity."""
-    clone = copy.deepcopy(model)
+    """A copy of `model`'s module tree with every routing site replaced by nn.Identity. Parameters
+    and buffers are shared, not copied: both variants then read the very same weight memory, so a
+    difference in where two copies landed (cache, pages) cannot pass for a cost of the sites."""
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    clone = copy.deepcopy(model, memo=shared)
     names = [n for n, m in clone.named_modules() if isinstance(m, Site)]
     for name in names:
         parent_name, _, leaf = name.rpartition(".")

@@ -1,8 +1,8 @@
 """A hand-written nanoGPT-style llama: the floor a RouteScope llama forward is compared with.
 
 RMSNorm, rotate-half RoPE, fused qkv, SDPA causal attention, SwiGLU, tied head. No sites, no
-per-call state, no input checks: just the arithmetic. `from_routescope` copies the weights of a
-`core_models.llama.Llama` so both compute the same logits.
+per-call state, no input checks: just the arithmetic. `from_routescope` shares the weights of a
+`core_models.llama.Llama` so both compute the same logits from the same memory.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ class NanoRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # as Meta's llama reference writes it (faster on CPU)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
 def rope_tables(head_dim: int, context: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,15 +94,16 @@ class NanoLlama(nn.Module):
 
     @classmethod
     def from_routescope(cls, model: nn.Module) -> "NanoLlama":
+        """A NanoLlama holding the very same Parameter objects as `model` (shared, not copied), so
+        both forwards read one weight memory and differ only in code."""
         c = model.config
         assert c.family == "llama" and c.ffn == "swiglu" and c.n_kv_heads == c.n_heads and c.tie_embeddings
         nano = cls(c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.hidden, c.context, c.norm_eps, c.rope_base)
-        with torch.no_grad():
-            nano.embed.weight.copy_(model.embed.weight)
-            nano.norm.weight.copy_(model.norm.weight)
-            for mine, theirs in zip(nano.blocks, model.blocks):
-                for a, b in ((mine.norm_1, theirs.norm_1), (mine.norm_2, theirs.norm_2), (mine.attn.qkv, theirs.attn.qkv),
-                             (mine.attn.proj, theirs.attn.proj), (mine.ffn.gate, theirs.ffn.gate),
-                             (mine.ffn.up, theirs.ffn.up), (mine.ffn.down, theirs.ffn.down)):
-                    a.weight.copy_(b.weight)
+        nano.embed.weight = nano.head.weight = model.embed.weight
+        nano.norm.weight = model.norm.weight
+        for mine, theirs in zip(nano.blocks, model.blocks):
+            for a, b in ((mine.norm_1, theirs.norm_1), (mine.norm_2, theirs.norm_2), (mine.attn.qkv, theirs.attn.qkv),
+                         (mine.attn.proj, theirs.attn.proj), (mine.ffn.gate, theirs.ffn.gate),
+                         (mine.ffn.up, theirs.ffn.up), (mine.ffn.down, theirs.ffn.down)):
+                a.weight = b.weight
         return nano.eval()
