@@ -46,9 +46,10 @@ def free_port() -> int:
 def app_url():
     port = free_port()
     env = {**os.environ, "ROUTESCOPE_THREADS": "1"}
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = (ARTIFACTS / "app.log").open("w")  # the app's output, kept (an unread pipe could fill and stall it)
     proc = subprocess.Popen([sys.executable, "-m", "analysis.cli", "app", "--port", str(port), "--headless",
-                             "--address", "127.0.0.1"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "--address", "127.0.0.1"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90
@@ -67,6 +68,7 @@ def app_url():
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 @pytest.fixture(scope="module")
