@@ -45,6 +45,8 @@ def figures(run: Run, model) -> dict[str, go.Figure]:
         figs["pagmlp_share"] = F.share_figure(
             p, toks, C.SHARE, 0, "SwiGLU pathway's share of the FFN output norm per token",
             lambda r: f"{r.label}: share {r.share:.1%}, |out| {r.out_norm:.3f}", n_prompt)
+    for fig in figs.values():  # which run a figure shows, kept with it (exports, and the browser test)
+        fig.update_layout(meta={"ablation": run.ablation.describe(), "model": run.model_name})
     return figs
 
 

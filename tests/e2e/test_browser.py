@@ -30,7 +30,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 TOGGLE_REPEATS = 5  # uncached toggles timed per checkpoint (seeds 0..4)
-SERVER_MS: dict[str, list[float]] = {}  # per toggle label: the app's own "updated in" time
+# every visible plotly figure carries the ablation of the run it draws (layout.meta, set by the app)
+PLOTS_SHOW = ("e => { const ps = [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.offsetParent);"
+              " return ps.length > 0 && ps.every(p => p.layout && p.layout.meta && p.layout.meta.ablation === e); }")
 PROMPT_64 = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her red "
              "ball. One sunny Sunday, Lily saw a small dog near the big tree. The dog looked sad and lonely. "
              "Lily walked over and said, \"Hello, dear little dog!")  # 64 tokens with the shipped tokenizer (checked below)
@@ -103,20 +105,21 @@ def _idle(page) -> None:
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
 
 
-def _toggle_time(page, label: str, expect: str) -> float:
-    """Click a checkbox and wait until the ablation caption and the routing heatmap show it
-    (the ablated run is not cached yet: this is a full re-run: generation, trace, analyses).
-    Also keeps the server-side time the caption reports, in SERVER_MS."""
+def _toggle_time(page, label: str, expect: str) -> tuple[float, float]:
+    """Click a checkbox and wait until the ablation caption and every visible routing figure show it,
+    drawn and painted (the ablated run is not cached yet: this is a full re-run: generation, trace,
+    analyses, then the browser's redraw).
+    Returns (seconds in the browser, the server-side run's seconds from the app's caption)."""
     _idle(page)
     t0 = time.perf_counter()
     page.get_by_text(label, exact=True).click()
     page.wait_for_function(
         "e => [...document.querySelectorAll('[data-testid=\"stCaptionContainer\"]')]"
         ".some(c => c.innerText.includes(e))", arg=expect, timeout=30_000)
-    page.locator(".js-plotly-plot:visible").first.wait_for(timeout=30_000)
+    page.wait_for_function(PLOTS_SHOW, arg=expect, timeout=30_000)  # checked once per frame, after drawing
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")  # painted
     elapsed = time.perf_counter() - t0
-    SERVER_MS.setdefault(label, []).append(float(re.search(r"updated in (\d+) ms", _caption(page))[1]))
-    return elapsed
+    return elapsed, float(re.search(r"updated in (\d+) ms", _caption(page))[1]) / 1000
 
 
 def _set_seed(page, seed: int) -> None:
@@ -126,7 +129,7 @@ def _set_seed(page, seed: int) -> None:
     _idle(page)
 
 
-def _repeat_toggle_times(page, label: str, expect: str, seeds: range) -> list[float]:
+def _repeat_toggle_times(page, label: str, expect: str, seeds: range) -> list[tuple[float, float]]:
     """More uncached toggles: with the box off, a new seed (a new cache key, same work: decoding is
     greedy and routing deterministic), then time switching the box on."""
     times = []
@@ -139,8 +142,8 @@ def _repeat_toggle_times(page, label: str, expect: str, seeds: range) -> list[fl
     return times
 
 
-def _summary(times: list[float]) -> str:
-    ms = [t * 1000 for t in times]
+def _summary(seconds: list[float]) -> str:
+    ms = [t * 1000 for t in seconds]
     return f"median {statistics.median(ms):.0f} ms ({', '.join(f'{x:.0f}' for x in ms)})"
 
 
@@ -192,8 +195,8 @@ def test_prompt_toggle_download(app_url, browser, tmp_path):
     papa_times = [_toggle_time(page, "Drop path 1", "drop *:0")]
     page.screenshot(path=str(ARTIFACTS / "04_papaformer_drop_path1.png"), full_page=True)
     papa_times += _repeat_toggle_times(page, "Drop path 1", "drop *:0", range(1, TOGGLE_REPEATS))
-    server = {k: _summary([x / 1000 for x in v]) for k, v in SERVER_MS.items()}
-    print(f"\ntoggle-to-update in the browser: pgpt {_summary(pgpt_times)}, "
-          f"papaformer-gumbel-v2 {_summary(papa_times)}; of which server-side run: "
-          f"pgpt {server['pgpt-1: keep path 1 only']}, papaformer-gumbel-v2 {server['Drop path 1']}")
+    (pgpt_browser, pgpt_server), (papa_browser, papa_server) = zip(*pgpt_times), zip(*papa_times)
+    print(f"\ntoggle-to-update in the browser: pgpt {_summary(pgpt_browser)}, "
+          f"papaformer-gumbel-v2 {_summary(papa_browser)}; of which server-side run: "
+          f"pgpt {_summary(pgpt_server)}, papaformer-gumbel-v2 {_summary(papa_server)}")
     page.close()
