@@ -5,6 +5,7 @@ settings and ablation), and are read-only once made, so sessions never see each 
 """
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -103,4 +104,5 @@ def save_upload(files) -> str:
     except Exception:
         shutil.rmtree(root, ignore_errors=True)
         raise
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # an upload lives as long as the app process
     return str(root)

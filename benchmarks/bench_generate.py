@@ -17,7 +17,7 @@ import time
 import torch
 
 from benchmarks import common as C
-from benchmarks.bench_peers import gpt2_model, peer
+from benchmarks.bench_peers import gpt2_model, in_mode, peer
 from core_models import tracing
 from core_models.generate import generate
 
@@ -77,11 +77,7 @@ def throughput(payload: dict) -> dict:
     got = peer("transformers", peers, hf_setup)
     if not isinstance(got, str):
         variants[HF] = got[0]
-
-        def hf_inference_mode():
-            with torch.inference_mode():
-                return got[0]()
-        variants[HF_IM] = hf_inference_mode
+        variants[HF_IM] = in_mode("inference_mode", got[0])
     s = C.interleaved(variants, payload["reps"], warmup=1)
     return {"medians": {k: C.median(v) for k, v in s.items()}, "missing": got if isinstance(got, str) else "",
             "source": source}
