@@ -7,8 +7,13 @@ Ablation semantics (routing layer `paths`, options = path indices): a dropped pa
 computed at all and the remaining weights are renormalised to sum to 1 (pgpt-1: one path, weight
 1). Forcing path j keeps only path j.
 
-lgpt / cgpt: one stack of blocks whose width halves after every `halve_every` blocks, through a
-Linear (lgpt) or a kernel-1 Conv1d (cgpt); head dim stays fixed, so heads halve too.
+lgpt / cgpt: L blocks in groups of k = `halve_every`; every group ends with a width halving through
+a Linear (lgpt) or a kernel-1 Conv1d (cgpt), both with bias. As in the paper's eqs. 6-7 and its
+Listing 1 (`LinearGPT` in the reference code): block i runs at d / 2^floor(i / k), the last group's
+halving included, so ln_f and the (untied) head see d / 2^(L / k); the number of heads stays n_heads,
+so the head size halves with the width. At the paper's configuration (d = 512, L = 8, k = 2,
+8 heads, GPT-2 vocabulary 50304, context 1024) lgpt and cgpt count the paper's 36.4M parameters
+(core_models/paper_configs.py; the README's paper-scale table is generated from it).
 """
 from __future__ import annotations
 
@@ -156,29 +161,40 @@ def pgpt_param_count(c: PGPTConfig) -> int:
 
 @dataclass(frozen=True)
 class ShrinkGPTConfig(BaseConfig):
+    """lgpt: n_layers / halve_every groups of `halve_every` blocks, each group followed by a d -> d/2
+    reduction (the last one included, eq. 7), at a fixed number of heads (Listing 1)."""
     family = "lgpt"
     vocab_size: int = 4096
     d_model: int = 128
     n_layers: int = 4
-    n_heads: int = 4
-    halve_every: int = 2  # blocks between width halvings
+    n_heads: int = 4  # the same in every block: head size halves with the width
+    halve_every: int = 2  # blocks per group; each group ends with a width halving
     context: int = 256
     ln_bias: bool = False
 
     def validate(self) -> None:
         self.positive("vocab_size", "d_model", "n_layers", "n_heads", "halve_every", "context")
-        hd = self.d_model // self.n_heads
-        self.require(self.d_model % self.n_heads == 0, "n_heads", f"must divide d_model ({self.d_model})")
-        n_halvings = (self.n_layers - 1) // self.halve_every
-        self.require(self.d_model % (2 ** n_halvings) == 0 and self.d_model >> n_halvings >= hd, "halve_every",
-                     f"{n_halvings} halvings leave less than one head of width {hd}")
+        self.require(self.n_layers % self.halve_every == 0, "n_layers",
+                     f"must be a multiple of halve_every ({self.halve_every}): every group ends with a halving")
+        n_groups = self.n_layers // self.halve_every
+        narrowest = self.d_model >> (n_groups - 1)
+        self.require(self.d_model % (self.n_heads << (n_groups - 1)) == 0, "n_heads",
+                     f"must divide every block width down to d_model / 2^{n_groups - 1}")
+        self.require(narrowest % 2 == 0, "d_model",
+                     f"must be divisible by 2^{n_groups} ({n_groups} halvings, the last after the final block)")
 
     def widths(self) -> list[int]:
+        """Width of block i: d_model / 2^floor(i / halve_every) (eq. 6)."""
         return [self.d_model >> (i // self.halve_every) for i in range(self.n_layers)]
 
+    @property
+    def out_dim(self) -> int:
+        """Width after the last group's halving, seen by ln_f and the head: d_model / 2^(L / k) (eq. 7)."""
+        return self.d_model >> (self.n_layers // self.halve_every)
+
     def spec(self, dim: int) -> BlockSpec:
-        return PGPTConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=1, n_paths=1,
-                          n_heads=self.n_heads, context=self.context, ln_bias=self.ln_bias).spec(dim)
+        return BlockSpec(dim=dim, n_heads=self.n_heads, n_kv_heads=self.n_heads, ffn="gelu", ffn_hidden=4 * dim,
+                         norm="layer", norm_eps=1e-5, norm_bias=self.ln_bias, rope="none", context=self.context)
 
 
 @dataclass(frozen=True)
@@ -202,30 +218,30 @@ class ShrinkGPT(RouteScopeLM):
         super().__init__()
         c = self.config = config
         self.context, self.vocab_size = c.context, c.vocab_size
-        widths = c.widths()
         self.embed = GPTEmbedding(c.vocab_size, c.context, c.d_model)
-        self.blocks = nn.ModuleList(Block(c.spec(w)) for w in widths)
-        # reductions[i] runs before block i where the width halves (identity elsewhere)
-        self.reductions = nn.ModuleDict({
-            str(i): (nn.Linear(widths[i - 1], widths[i]) if c.family == "lgpt" else HalveConv(widths[i - 1]))
-            for i in range(1, len(widths)) if widths[i] != widths[i - 1]})
-        self.ln_f = nn.LayerNorm(widths[-1], eps=1e-5, bias=c.ln_bias)
-        self.head = nn.Linear(widths[-1], c.vocab_size, bias=False)
+        self.blocks = nn.ModuleList(Block(c.spec(w)) for w in c.widths())
+        # reductions[g] halves the width after group g's last block (block (g + 1) * halve_every - 1)
+        group_widths = c.widths()[::c.halve_every]
+        self.reductions = nn.ModuleList(
+            nn.Linear(w, w // 2) if c.family == "lgpt" else HalveConv(w) for w in group_widths)
+        self.ln_f = nn.LayerNorm(c.out_dim, eps=1e-5, bias=c.ln_bias)
+        self.head = nn.Linear(c.out_dim, c.vocab_size, bias=False)
         init_weights(self)
         self._finalize()
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx)
+        k = self.config.halve_every
+        x = self.embed(idx)  # (B, T, d)
         for i, block in enumerate(self.blocks):
-            if str(i) in self.reductions:
-                x = self.reductions[str(i)](x)
-            x = block(x)
-        return self.head(self.ln_f(x))
+            x = block(x)  # (B, T, d / 2^(i // k))
+            if (i + 1) % k == 0:
+                x = self.reductions[i // k](x)  # (B, T, d / 2^(i // k + 1))
+        return self.head(self.ln_f(x))  # (B, T, V)
 
 
 def shrink_gpt_param_count(c: ShrinkGPTConfig) -> int:
     widths = c.widths()
-    total = c.vocab_size * c.d_model + c.context * c.d_model + c.vocab_size * widths[-1]
+    total = c.vocab_size * c.d_model + c.context * c.d_model + c.vocab_size * c.out_dim
     total += sum(12 * w * w + (4 if c.ln_bias else 2) * w for w in widths)
-    total += sum(a * b + b for a, b in zip(widths, widths[1:]) if a != b)  # linear or conv, with bias
-    return total + (2 if c.ln_bias else 1) * widths[-1]
+    total += sum(w * (w // 2) + w // 2 for w in widths[::c.halve_every])  # linear or conv, with bias
+    return total + (2 if c.ln_bias else 1) * c.out_dim
