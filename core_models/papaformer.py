@@ -5,7 +5,13 @@ embed -> full blocks (d) -> shrink d->d' -> N parallel layers of k blocks (d') -
 
 Combiners: `share_linear` (linear over the concatenated path outputs), `gumbel_v1` (router reads the
 combined representation), `gumbel_v2` (router reads the concatenation). Gumbel output is
-sum_i pi_i f_i(x) + pi_comb x_comb, with pi a hard one-hot.
+sum_i pi_i f_i(x) + pi_comb x_comb, with pi a hard one-hot (straight-through while training).
+
+Auxiliary terms (Gumbel, training; routers.GumbelRouter): on the Gumbel-softmax pi of eqs. 8-9,
+per layer -mean_t H(pi_t) (soft per-token routing, the paper's stated aim and the reference's
+`entropy_loss = -mean(entropy)`) and -H(mean_t pi_t) (balanced use: the stated intent; the
+reference code adds +H(mean), which would reward imbalance). Each is recorded at
+`parallel.{i}.router.aux.entropy` / `.aux.balance` and summed over layers with weight aux_lambda.
 
 Ablation semantics (routing layer `parallel.{i}`, options 0..k-1 = paths, k = combined):
 - drop path j: its block is not run; its slot in the concatenation is zeros; Gumbel routers also
@@ -23,7 +29,7 @@ from . import runtime
 from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import ROPES, Block, BlockSpec, RMSNorm, init_weights
-from .routers import GumbelRouter
+from .routers import AUX_BALANCE, AUX_ENTROPY, GumbelRouter
 from .sites import Site
 
 COMBINERS = ("share_linear", "gumbel_v1", "gumbel_v2")
@@ -46,7 +52,7 @@ class PapaformerConfig(BaseConfig):
     context: int = 256
     tie_embeddings: bool = True
     gumbel_tau: float = 1.0
-    aux_lambda: float = 0.01
+    aux_lambda: float = 0.01  # weight of each Gumbel aux term (reference: lambda_entropy = lambda_load = 0.01)
     # options that express the paper's reference code exactly (defaults: RouteScope's own models)
     rope: str = "half"
     attn_out_proj: bool = True
@@ -163,7 +169,7 @@ class Papaformer(RouteScopeLM):
         return {f"parallel.{i}": self.config.n_options for i in range(self.config.n_parallel_layers)}
 
     def aux_weights(self) -> dict[str, float]:
-        return {"routing_entropy": self.config.aux_lambda, "load_balance": self.config.aux_lambda}
+        return {AUX_ENTROPY: self.config.aux_lambda, AUX_BALANCE: self.config.aux_lambda}
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         if self.config.pad_id >= 0:

@@ -33,9 +33,44 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
     return -(p * torch.log(p + 1e-8)).sum(-1)
 
 
+# Keys of the Gumbel router's auxiliary terms in `LMOutput.aux` (each summed over the routing layers).
+AUX_ENTROPY = "routing_entropy"  # -mean_t H(pi_t): minimising it keeps per-token routing soft
+AUX_BALANCE = "load_balance"  # -H(mean_t pi_t): minimising it spreads usage over the options
+
+
+def soft_routing_loss(pi: torch.Tensor) -> torch.Tensor:
+    """(..., n) Gumbel-softmax probabilities -> scalar -mean H(pi): lower = softer per-token routing."""
+    return -entropy(pi).mean()
+
+
+def balance_loss(pi: torch.Tensor) -> torch.Tensor:
+    """(..., n) -> scalar -H(mean usage over all tokens): lower = more even use of the options."""
+    return -entropy(pi.flatten(0, -2).mean(0))
+
+
+class GumbelAux(nn.Module):
+    """Sites for one layer's auxiliary terms (recorded while training, when they are computed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entropy = Site("[] scalar: this layer's -mean_t H(pi_t) (nats), its AUX_ENTROPY share", pos_axis=None)
+        self.balance = Site("[] scalar: this layer's -H(mean_t pi_t) (nats), its AUX_BALANCE share", pos_axis=None)
+
+
 class GumbelRouter(nn.Module):
     """Picks one of n options per token: a hard Gumbel-softmax while training (straight-through),
-    a noise-free argmax (default) or a seeded Gumbel sample at inference."""
+    a noise-free argmax (default) or a seeded Gumbel sample at inference.
+
+    Training (PaPaformer eqs. 8-9): pi = softmax((z + g) / tau) with g_i = -log(-log u_i), u ~ U(0, 1);
+    the forward pass uses one_hot(argmax pi), the gradient flows through pi (straight-through).
+    Both auxiliary terms are computed on pi and follow the paper's stated intent, soft per-token
+    distributions and balanced use of the options:
+      AUX_ENTROPY = -mean_t H(pi_t)    (the reference code's `entropy_loss = -mean(entropy)`)
+      AUX_BALANCE = -H(mean_t pi_t)    (the reference adds +H(mean), which would reward imbalance)
+    The reference evaluates both on its straight-through output, whose forward value is the hard
+    one-hot (so both read ~0 and only their gradients act); we evaluate them on pi itself, which
+    gives the same kind of gradient and a value that means something.
+    """
 
     def __init__(self, in_dim: int, n_options: int, bias: bool = True, tau: float = 1.0) -> None:
         super().__init__()
@@ -45,6 +80,8 @@ class GumbelRouter(nn.Module):
         self.probs = Site("[batch, pos, n_options] noise-free softmax of the router logits")
         self.choice = Site("[batch, pos] chosen option (int64)")
         self.weights = Site("[batch, pos, n_options] weight of each candidate (one-hot at inference)")
+        self.pi = Site("[batch, pos, n_options] Gumbel-softmax probabilities pi (training only)")
+        self.aux = GumbelAux()
 
     def forward(self, x: torch.Tensor, layer: str) -> Route:
         st = runtime.current()
@@ -56,19 +93,21 @@ class GumbelRouter(nn.Module):
             weights = F.one_hot(choice, logits.shape[-1]).type_as(logits)
         elif st.training:
             g = _gumbel_like(logits, st.generator)
-            soft = torch.softmax((logits + g) / self.tau, dim=-1)
-            choice = soft.argmax(-1)
-            hard = F.one_hot(choice, logits.shape[-1]).type_as(soft)
-            weights = hard - soft.detach() + soft  # straight-through: hard forward, soft gradient
-            st.aux["routing_entropy"] = st.aux.get("routing_entropy", 0.0) + entropy(probs).mean()
-            # The paper prints the load term as +lambda * H(mean routing), which would penalise
-            # balance; its stated intent is to reward balance, so we subtract the entropy.
-            st.aux["load_balance"] = st.aux.get("load_balance", 0.0) - entropy(probs.flatten(0, -2).mean(0))
+            pi = self.pi(torch.softmax((logits + g) / self.tau, dim=-1))  # (B, T, n) eqs. 8-9
+            choice = pi.argmax(-1)
+            hard = F.one_hot(choice, logits.shape[-1]).type_as(pi)
+            weights = hard - pi.detach() + pi  # straight-through: hard forward, soft gradient
+            _add_aux(st.aux, AUX_ENTROPY, self.aux.entropy(soft_routing_loss(pi)))
+            _add_aux(st.aux, AUX_BALANCE, self.aux.balance(balance_loss(pi)))
         else:
             noisy = logits + _gumbel_like(logits, st.generator) if st.routing == "sampled" else logits
             choice = noisy.argmax(-1)
             weights = F.one_hot(choice, logits.shape[-1]).type_as(logits)
         return Route(logits=logits, probs=probs, choice=self.choice(choice), weights=self.weights(weights))
+
+
+def _add_aux(aux: dict[str, torch.Tensor], key: str, term: torch.Tensor) -> None:
+    aux[key] = aux[key] + term if key in aux else term
 
 
 def _gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
