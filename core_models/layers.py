@@ -36,6 +36,8 @@ class BlockSpec:
     linear_bias: bool = False
     swiglu_beta: bool = False  # learnable per-unit beta in a * sigmoid(beta * a)
     gelu_approx: str = "none"  # "none" (exact erf) or "tanh"
+    ffn_dropout: float = 0.0  # PAGMLP: dropout on its output while training
+    pagmlp_gate: str = "independent"  # PAGMLP: "independent" alpha, beta or "complementary" beta = 1 - alpha
 
     @property
     def head_dim(self) -> int:
@@ -192,36 +194,56 @@ class GEGLU(nn.Module):
         return self.down(self.up(x) * gelu_exact(self.gate(x)))
 
 
+PAGMLP_GATES = ("independent", "complementary")
+
+
+def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Inverted dropout drawing its mask from the call's generator (runtime.RunState), so a training
+    step is reproducible from its seed and concurrent calls never share a random stream."""
+    keep = torch.empty_like(x).bernoulli_(1.0 - p, generator=generator)  # (x.shape) of 0 / 1
+    return x * keep / (1.0 - p)
+
+
 class PAGMLP(nn.Module):
     """Parallel Adaptive Gated MLP: a SwiGLU and a GEGLU pathway of hidden/2 units each, scaled by
-    alpha = sigmoid(a) and beta = sigmoid(b) (both 0.5 at init), concatenated, one down projection.
-    Same matrices as a SwiGLU of width `hidden` (plus the two scalars)."""
+    alpha and beta, concatenated, one down projection, then dropout (p = `dropout`, the paper's 0.1,
+    while training only). Same matrices as a SwiGLU of width `hidden` plus one or two scalars.
+
+    gate="independent" (default; the shipped checkpoint was trained so): alpha = sigmoid(a) and
+    beta = sigmoid(b) are two independent gates (both 0.5 at init), free to sum to anything in (0, 2).
+    gate="complementary": beta = 1 - alpha, one scalar a, a convex blend of the pathways, which the
+    paper's learned alpha, beta = 0.53, 0.47 (summing to 1) suggests."""
 
     n_options = 2  # 0 = SwiGLU pathway, 1 = GEGLU pathway
 
-    def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
+    def __init__(self, dim: int, hidden: int, bias: bool = False, dropout: float = 0.0,
+                 gate: str = "independent") -> None:
         super().__init__()
         assert hidden % 2 == 0, "PAGMLP hidden width must be even"
-        self.half = hidden // 2
+        assert gate in PAGMLP_GATES and 0.0 <= dropout < 1.0, (gate, dropout)  # configs validate both
+        self.half, self.dropout = hidden // 2, dropout
         self.gate = nn.Linear(dim, hidden, bias=bias)  # [swiglu gate | geglu gate]
         self.up = nn.Linear(dim, hidden, bias=bias)
         self.down = nn.Linear(hidden, dim, bias=bias)
         self.a = nn.Parameter(torch.zeros(()))
-        self.b = nn.Parameter(torch.zeros(()))
+        self.b = nn.Parameter(torch.zeros(())) if gate == "independent" else None
         self.alpha = Site("[] sigmoid(a), SwiGLU pathway scale", pos_axis=None)
-        self.beta = Site("[] sigmoid(b), GEGLU pathway scale", pos_axis=None)
+        self.beta = Site("[] sigmoid(b), or 1 - alpha if complementary: GEGLU pathway scale", pos_axis=None)
         self.swiglu_out = Site("[batch, pos, hidden/2] scaled SwiGLU pathway (before down projection)")
         self.geglu_out = Site("[batch, pos, hidden/2] scaled GEGLU pathway (before down projection)")
         self.routing_name = ""  # set by the model: this layer's name for ablations
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self.gate(x), self.up(x)  # (B, T, h)
-        alpha, beta = self.alpha(torch.sigmoid(self.a)), self.beta(torch.sigmoid(self.b))
-        dropped = runtime.current().ablation.dropped(self.routing_name)
+        a = torch.sigmoid(self.a)
+        alpha, beta = self.alpha(a), self.beta(torch.sigmoid(self.b) if self.b is not None else 1.0 - a)
+        st = runtime.current()
+        dropped = st.ablation.dropped(self.routing_name)
         h = self.half  # narrow: cheaper per call than g[..., :h] on the decoding path
         s = F.silu(g.narrow(-1, 0, h)) * u.narrow(-1, 0, h) * (0.0 if 0 in dropped else alpha)
         e = gelu_exact(g.narrow(-1, h, h)) * u.narrow(-1, h, h) * (0.0 if 1 in dropped else beta)
-        return self.down(torch.cat((self.swiglu_out(s), self.geglu_out(e)), dim=-1))
+        y = self.down(torch.cat((self.swiglu_out(s), self.geglu_out(e)), dim=-1))  # (B, T, d)
+        return seeded_dropout(y, self.dropout, st.generator) if self.training and self.dropout else y
 
 
 class MLP(nn.Module):
@@ -244,7 +266,7 @@ def make_ffn(spec: BlockSpec) -> nn.Module:
     if spec.ffn == "geglu":
         return GEGLU(spec.dim, hidden, spec.linear_bias)
     if spec.ffn == "pagmlp":
-        return PAGMLP(spec.dim, hidden, spec.linear_bias)
+        return PAGMLP(spec.dim, hidden, spec.linear_bias, spec.ffn_dropout, spec.pagmlp_gate)
     return MLP(spec.dim, hidden, spec.linear_bias, spec.gelu_approx)
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from .base import RouteScopeLM
 from .config import BaseConfig
-from .layers import FFNS, Block, BlockSpec, RMSNorm, init_weights, scaled_residual_init
+from .layers import FFNS, PAGMLP_GATES, Block, BlockSpec, RMSNorm, init_weights, scaled_residual_init
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class LlamaConfig(BaseConfig):
     norm_eps: float = 1e-6
     rope_base: float = 10000.0
     tie_embeddings: bool = True
+    # PAGMLP only (ffn="pagmlp"); the defaults are what config.json files without them were trained with
+    pagmlp_dropout: float = 0.0  # on the PAGMLP output while training; the `pagmlp` preset uses the paper's 0.1
+    pagmlp_gate: str = "independent"  # or "complementary": beta = 1 - alpha (see layers.PAGMLP)
 
     def validate(self) -> None:
         self.positive("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context")
@@ -34,6 +37,8 @@ class LlamaConfig(BaseConfig):
         self.one_of("ffn", FFNS[:3])
         self.require(self.ffn_hidden >= 0, "ffn_hidden", "must be >= 0")
         self.require(self.norm_eps > 0, "norm_eps", "must be > 0")
+        self.require(0.0 <= self.pagmlp_dropout < 1.0, "pagmlp_dropout", "must be in [0, 1)")
+        self.one_of("pagmlp_gate", PAGMLP_GATES)
 
     @property
     def hidden(self) -> int:
@@ -44,7 +49,8 @@ class LlamaConfig(BaseConfig):
     def block_spec(self) -> BlockSpec:
         return BlockSpec(dim=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, ffn=self.ffn,
                          ffn_hidden=self.hidden, norm="rms", norm_eps=self.norm_eps, rope="half",
-                         rope_base=self.rope_base, context=self.context)
+                         rope_base=self.rope_base, context=self.context, ffn_dropout=self.pagmlp_dropout,
+                         pagmlp_gate=self.pagmlp_gate)
 
 
 class Llama(RouteScopeLM):
@@ -72,7 +78,8 @@ def llama_param_count(c: LlamaConfig) -> int:
     """Closed form of sum(p.numel()) for a Llama built from `c`."""
     d, hd = c.d_model, c.d_model // c.n_heads
     attn = d * (c.n_heads + 2 * c.n_kv_heads) * hd + d * d
-    ffn = 3 * d * c.hidden + (2 if c.ffn == "pagmlp" else 0)
+    gate_scalars = (2 if c.pagmlp_gate == "independent" else 1) if c.ffn == "pagmlp" else 0  # a (and b)
+    ffn = 3 * d * c.hidden + gate_scalars
     per_block = attn + ffn + 2 * d
     emb = c.vocab_size * d * (1 if c.tie_embeddings else 2)
     return emb + c.n_layers * per_block + d

@@ -24,7 +24,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-dense": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn="swiglu")),
     "llama-gqa": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn="swiglu")),
     "llama-geglu": ("llama", dict(d_model=128, n_layers=4, n_heads=4, ffn="geglu")),
-    "pagmlp": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn="pagmlp")),
+    "pagmlp": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn="pagmlp", pagmlp_dropout=0.1)),
     "path": ("llama", dict(d_model=64, n_layers=3, n_heads=2, n_kv_heads=2, ffn="swiglu", ffn_hidden=256)),
     "papaformer-share-linear": ("papaformer", dict(combiner="share_linear")),
     "papaformer-gumbel-v1": ("papaformer", dict(combiner="gumbel_v1")),
