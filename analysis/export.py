@@ -17,8 +17,15 @@ on one line and no spreadsheet evaluates a cell:
 
 Numeric and boolean columns are written as plain numbers (`repr` of floats, so they round-trip
 exactly) and `true`/`false`; they are never neutralised (a negative number is a number, not
-text). Missing numbers and booleans are empty cells. Reading restores the schema's dtypes, so
-`read_csv(write_csv(df))` equals `df` (pandas.testing.assert_frame_equal, dtypes included).
+text). Missing numbers and booleans are empty cells. Every other column is text (`csv_kind`):
+object, pandas 3's `str`, `string`, categoricals of strings, anything else (written as `str(v)`).
+Reading restores the schema's dtypes, so `read_csv(write_csv(df))` equals `df`
+(pandas.testing.assert_frame_equal, dtypes included).
+
+`CsvWriter` is the one CSV writer of the project: the export table (files, `routescope export`,
+the app's routing download) and every other table the app offers as CSV (`frame_csv_bytes`:
+generation candidates, Table 6 report and summary) are written by it. `read_frame_csv` reads
+such a table back, text restored exactly.
 
 `ExportWriter` appends batches to a CSV and/or a Parquet file (`pyarrow.parquet.ParquetWriter`)
 so memory stays flat; it writes to a temporary file beside the target and renames it into place
@@ -27,12 +34,13 @@ only when closed without error, so a failed export leaves no half-written file.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, TextIO
 
 import pandas as pd
 import pyarrow as pa
@@ -76,34 +84,83 @@ def unescape_text(cell: str) -> str:
     return _ESCAPED.sub(one, cell)
 
 
-def _encoder(dtype: str):
-    if dtype == "string":
-        return lambda v: NA_TEXT if v is pd.NA or v is None else escape_text(v)
-    if dtype == "boolean":
-        return lambda v: "" if v is pd.NA or v is None else ("true" if v else "false")
-    if dtype in ("Int64", "int64"):
-        return lambda v: "" if v is pd.NA or v is None else str(int(v))
-    if dtype == "float64":
-        return lambda v: "" if v is None or v is pd.NA or math.isnan(v) else repr(float(v))
-    raise ValueError(f"no CSV encoding for dtype {dtype!r}")
+def csv_kind(dtype: Any) -> str:
+    """How a column of this dtype is written: "bool", "int", "float" or "text". A categorical
+    follows its categories; every other dtype that is not bool or numeric is text, so any
+    string-like column (object, `str`, `string`) gets the escapes and formula neutralising."""
+    dtype = pd.api.types.pandas_dtype(dtype)
+    if isinstance(dtype, pd.CategoricalDtype):
+        return csv_kind(dtype.categories.dtype)
+    if pd.api.types.is_bool_dtype(dtype):
+        return "bool"
+    if pd.api.types.is_integer_dtype(dtype):
+        return "int"
+    if pd.api.types.is_float_dtype(dtype):
+        return "float"
+    return "text"
 
 
-def _decoder(dtype: str):
-    if dtype == "string":
-        return lambda s: pd.NA if s == NA_TEXT else unescape_text(s)
-    if dtype == "boolean":
-        return lambda s: pd.NA if s == "" else {"true": True, "false": False}[s]
-    if dtype in ("Int64", "int64"):
-        return lambda s: pd.NA if s == "" else int(s)
-    if dtype == "float64":
-        return lambda s: math.nan if s == "" else float(s)
-    raise ValueError(f"no CSV decoding for dtype {dtype!r}")
+def csv_kinds(df: pd.DataFrame) -> dict[str, str]:
+    """Column -> `csv_kind` of its dtype."""
+    return {str(c): csv_kind(t) for c, t in df.dtypes.items()}
 
 
-def _csv_rows(df: pd.DataFrame, schema: dict[str, str]) -> Iterator[list[str]]:
-    cols = [[enc(v) for v in df[c].astype(object).tolist()] for c, enc in
-            ((c, _encoder(t)) for c, t in schema.items())]
-    return (list(r) for r in zip(*cols))
+def _missing(v: Any) -> bool:
+    return v is None or v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v))
+
+
+_ENCODE = {
+    "text": lambda v: NA_TEXT if _missing(v) else escape_text(v if isinstance(v, str) else str(v)),
+    "bool": lambda v: "" if _missing(v) else ("true" if v else "false"),
+    "int": lambda v: "" if _missing(v) else str(int(v)),
+    "float": lambda v: "" if _missing(v) else repr(float(v)),
+}
+_DECODE = {
+    "text": lambda s: pd.NA if s == NA_TEXT else unescape_text(s),
+    "bool": lambda s: pd.NA if s == "" else {"true": True, "false": False}[s],
+    "int": lambda s: pd.NA if s == "" else int(s),
+    "float": lambda s: math.nan if s == "" else float(s),
+}
+_FRAME_DTYPE = {"text": "string", "bool": "boolean", "int": "Int64", "float": "float64"}
+
+
+class CsvWriter:
+    """The one CSV writer: a header, then rows encoded per column kind (module doc), RFC 4180
+    (`csv.QUOTE_MINIMAL`, CRLF). `kinds`: column -> "text" | "bool" | "int" | "float"."""
+
+    def __init__(self, f: TextIO, kinds: dict[str, str]) -> None:
+        self.kinds = dict(kinds)
+        self._encoders = [_ENCODE[k] for k in self.kinds.values()]
+        self._w = csv.writer(f, quoting=csv.QUOTE_MINIMAL, lineterminator="\r\n")
+        self._w.writerow([escape_text(c) for c in self.kinds])
+
+    def write(self, df: pd.DataFrame) -> None:
+        cols = [[enc(v) for v in df[c].astype(object).tolist()] for c, enc in zip(self.kinds, self._encoders)]
+        self._w.writerows(zip(*cols))
+
+
+def _read_records(f: TextIO, where: Any, kinds: dict[str, str] | None,
+                  expect_header: list[str] | None = None) -> dict[str, list[Any]]:
+    """Decoded columns of a CSV written by `CsvWriter`; ValueError naming `where` on a bad header
+    or record. `kinds` None: every column is text."""
+    reader = csv.reader(f)
+    raw = next(reader, None)
+    if expect_header is not None and raw != expect_header:
+        raise ValueError(f"{where}: not a RouteScope export (header {raw!r}, expected {expect_header})")
+    if raw is None:
+        raise ValueError(f"{where}: empty CSV (no header)")
+    header = [unescape_text(c) for c in raw]
+    kinds = kinds if kinds is not None else {c: "text" for c in header}
+    if header != list(kinds):
+        raise ValueError(f"{where}: columns {header}, expected {list(kinds)}")
+    decoders = [_DECODE[k] for k in kinds.values()]
+    data: list[list[Any]] = [[] for _ in header]
+    for n, row in enumerate(reader, start=2):
+        if len(row) != len(header):
+            raise ValueError(f"{where}: record {n} has {len(row)} fields, expected {len(header)}")
+        for col, dec, cell in zip(data, decoders, row):
+            col.append(dec(cell))
+    return dict(zip(header, data))
 
 
 # --- streaming writer ------------------------------------------------------------------------
@@ -117,11 +174,10 @@ class _CsvSink:
     def __init__(self, path: Path, schema: dict[str, str]) -> None:
         self.schema = schema
         self.f = open(path, "w", encoding="utf-8", newline="")
-        self.w = csv.writer(self.f, quoting=csv.QUOTE_MINIMAL, lineterminator="\r\n")
-        self.w.writerow(list(schema))
+        self.w = CsvWriter(self.f, {c: csv_kind(t) for c, t in schema.items()})
 
     def write(self, df: pd.DataFrame) -> None:
-        self.w.writerows(_csv_rows(df, self.schema))
+        self.w.write(df)
 
     def close(self) -> None:
         self.f.close()
@@ -257,19 +313,9 @@ def read_csv(path: str | os.PathLike) -> pd.DataFrame:
     """Read an export CSV back into the schema's dtypes; ValueError on a foreign header."""
     schema = C.EXPORT_SCHEMA
     with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header != list(schema):
-            raise ValueError(f"{path}: not a RouteScope export (header {header!r}, expected {list(schema)})")
-        decoders = [_decoder(t) for t in schema.values()]
-        data: list[list[Any]] = [[] for _ in schema]
-        for n, row in enumerate(reader, start=2):
-            if len(row) != len(schema):
-                raise ValueError(f"{path}: record {n} has {len(row)} fields, expected {len(schema)}")
-            for col, dec, cell in zip(data, decoders, row):
-                col.append(dec(cell))
+        data = _read_records(f, path, {c: csv_kind(t) for c, t in schema.items()}, expect_header=list(schema))
     return conform(pd.DataFrame({c: pd.array(v, dtype=t) if v else pd.Series(dtype=t)
-                                 for (c, t), v in zip(schema.items(), data)}))
+                                 for (c, t), v in zip(schema.items(), data.values())}))
 
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
@@ -291,10 +337,21 @@ def table_bytes(df: pd.DataFrame, fmt: str) -> bytes:
 
 
 def frame_csv_bytes(df: pd.DataFrame) -> bytes:
-    """Any small report table as CSV bytes with the same safety rules for text cells (escapes,
-    formula neutralising); other columns are written as pandas writes them."""
-    out = df.copy()
-    for c in out.columns:
-        if out[c].dtype == object or str(out[c].dtype).startswith("string"):
-            out[c] = [NA_TEXT if v is None or v is pd.NA else escape_text(str(v)) for v in out[c]]
-    return out.to_csv(index=False, lineterminator="\r\n").encode("utf-8")
+    """Any report table (no index) as UTF-8 CSV bytes, written by `CsvWriter` with the kinds of its
+    dtypes (`csv_kinds`): text cells escaped and neutralised, numbers and booleans as numbers."""
+    df = df.rename(columns=str)
+    buf = io.StringIO(newline="")
+    CsvWriter(buf, csv_kinds(df)).write(df)
+    return buf.getvalue().encode("utf-8")
+
+
+def read_frame_csv(data: bytes | os.PathLike, kinds: dict[str, str] | None = None) -> pd.DataFrame:
+    """Read a `frame_csv_bytes` table (bytes, or a file path) back: text exactly as it was (dtype
+    "string"), numbers and booleans by `kinds` (e.g. `csv_kinds(original)`; default: all text)."""
+    if isinstance(data, bytes):
+        cols = _read_records(io.StringIO(data.decode("utf-8"), newline=""), "CSV data", kinds)
+    else:
+        with open(data, encoding="utf-8", newline="") as f:
+            cols = _read_records(f, data, kinds)
+    kinds = kinds if kinds is not None else {c: "text" for c in cols}
+    return pd.DataFrame({c: pd.array(v, dtype=_FRAME_DTYPE[kinds[c]]) for c, v in cols.items()})
