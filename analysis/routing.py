@@ -291,14 +291,11 @@ def atm_summary(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
 
 def dsff_gates(trace: Trace) -> pd.DataFrame:
     """Per batch row, position and DSFF layer ("blocks.{i}.dsff"): alpha (the per-dimension weight
-    of stream A) averaged over the model dimension. In ATM blocks the gate is recorded per merged
-    group; it is mapped back to every position of the group with the recorded merge map."""
+    of stream A) averaged over the model dimension. DSFF runs per token, also in ATM blocks (token
+    merging applies to attention only)."""
     frames = []
     for (i,) in numbered(trace, r"blocks\.(\d+)\.dsff\.gate"):
-        g = trace[f"blocks.{i}.dsff.gate"].float().mean(-1)  # (B, T) or (B, G) in ATM blocks
-        mm = f"blocks.{i}.atm.merge_map"
-        if mm in trace:
-            g = g.gather(1, trace[mm])  # (B, T): each position gets its group's value
+        g = trace[f"blocks.{i}.dsff.gate"].float().mean(-1)  # (B, T)
         B, T = g.shape
         b, t = _grid(B, T)
         frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: f"blocks.{i}.dsff",

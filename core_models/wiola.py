@@ -13,17 +13,20 @@ beta = sigmoid(phi), phi a learned scalar per block (init -3); then an output ga
 out = out * sigmoid(W_g x), x the normalised block input. With a KV cache the running sums live in
 `cache.extra["blocks.{j}.gcla.running_sum"]` ((B, d), float32), so decoding equals recomputation.
 
-ATM (adaptive token merging), blocks n//3 .. 2n//3 - 1: before the block, adjacent tokens with
-cos(x_t, x_{t+1}) > tau are merged greedily left to right into non-overlapping pairs (mean of
-the pair); the block runs on the shorter sequence, each token of a group at the position of its
-group's first token (SRPE angle and causal order); the group's output is copied back to all its
-positions. Rows of a batch merge differently: merged rows are right-padded to the longest, and the
-padding groups (placed after every real group) cannot affect real ones under the causal mask.
-On in training, off at inference unless `atm_inference`; per call `forward(atm=..., atm_tau=...)`
-(None = these defaults). ATM leaks token t+1 into position t, so the model is causal only with
-ATM off. ATM and a KV cache exclude each other: `atm=True` with a cache raises ValueError (with
-atm=None the cache turns ATM off). Inside an ATM block, sites record merged groups:
-[batch, groups, ...] with rows padded to the most groups; `blocks.{i}.atm.merge_map` maps back.
+ATM (adaptive token merging, Sec. VIII), blocks n//3 .. 2n//3 - 1, merges tokens for attention
+only: the normalised block input n = norm_1(x) is scanned left to right and adjacent tokens with
+cos(n_t, n_{t+1}) > tau merge greedily into non-overlapping pairs (mean of the pair); GCLA runs on
+the shorter sequence, each group at the position of its first token (SRPE angle and causal order)
+and reading the layer summaries at its last token (as in the authors' code); the group's attention
+output is copied back to every position of the group (eq. 31) and added to each token's own
+residual, h_t = x_t + A_t (eq. 32); DSFF then runs per token. Rows of a batch merge differently:
+merged rows are right-padded to the longest, and the padding groups (placed after every real
+group) cannot affect real ones under the causal mask. On in training, off at inference unless
+`atm_inference`; per call `forward(atm=..., atm_tau=...)` (None = these defaults). ATM leaks token
+t+1 into position t, so the model is causal only with ATM off. ATM and a KV cache exclude each
+other: `atm=True` with a cache raises ValueError (with atm=None the cache turns ATM off). Inside an
+ATM block the attention sites record merged groups ([batch, groups, ...], rows padded to the most
+groups; `blocks.{i}.atm.merge_map` maps back); every other site is full length.
 
 Ablations: routing layers `blocks.{i}.dsff`, options 0 = stream A, 1 = stream B (semantics in
 `DualStreamFFN`).
@@ -52,8 +55,8 @@ from .config import BaseConfig
 from .layers import Attention, BlockSpec, attend, init_weights
 from .runtime import KVCache
 from .sites import Site
-from .wiola_parts import (SRPE, DualStreamFFN, TokenMerger, WiolaRMSNorm, first_positions, merge_groups,
-                          restore_groups)
+from .wiola_parts import (SRPE, DualStreamFFN, TokenMerger, WiolaRMSNorm, first_positions, last_positions,
+                          merge_groups, restore_groups, take_positions)
 
 
 @dataclass(frozen=True)
@@ -191,26 +194,29 @@ class WiolaBlock(nn.Module):
         self.norm_2 = WiolaRMSNorm(c.d_model, c.norm_eps)
         self.dsff = DualStreamFFN(c.d_model, c.hidden_a, c.hidden_b)
         self.atm = TokenMerger() if i in c.atm_layers else None
-        self.out = Site("[batch, pos, d] block output (full length, after ATM restores it)")
+        self.attn_out = Site("[batch, pos, d] GCLA output added to each token's residual (full length: in an "
+                             "ATM block each group's output restored to every position of the group)")
+        self.out = Site("[batch, pos, d] block output")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
                 pad_mask: torch.Tensor | None, atm_tau: float | None) -> torch.Tensor:
+        h = x + self.attn_out(self._attend(self.norm_1(x), positions, summaries, pad_mask, atm_tau))  # (B, T, d)
+        return self.out(h + self.dsff(self.norm_2(h)))  # FFN per token, also in ATM blocks
+
+    def _attend(self, n: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
+                pad_mask: torch.Tensor | None, atm_tau: float | None) -> torch.Tensor:
+        """GCLA of the normalised block input n (B, T, d). In an ATM block it runs on the merged
+        sequence and each group's output is restored to all its positions (eq. 31); the caller
+        adds it to every token's own residual (eq. 32), so merging never overwrites a residual."""
         if self.atm is None or atm_tau is None:
-            return self.out(self._run(x, positions, summaries, pad_mask))
-        groups = self.atm(x, atm_tau)  # (B, T) group of each position
+            return self.attn(n, positions, summaries, pad_mask)
+        groups = self.atm(n, atm_tau)  # (B, T) group of each position
         G = int(groups.max()) + 1  # longest merged row
-
-        def merged(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else merge_groups(t, groups, G)
-
-        pad = None if pad_mask is None else merged(pad_mask.to(x.dtype)) == 1  # a group is padding if all of it is
-        y = self._run(merged(x), first_positions(groups, G), merged(summaries), pad)  # (B, G, d)
-        return self.out(restore_groups(y, groups))  # (B, T, d)
-
-    def _run(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
-             pad_mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attn(self.norm_1(x), positions, summaries, pad_mask)  # (B, T, d)
-        return x + self.dsff(self.norm_2(x))
+        pad = None if pad_mask is None else merge_groups(pad_mask.to(n.dtype), groups, G) == 1  # all of it padding
+        # a group reads the summaries at its last token, as in the authors' code
+        ctx = None if summaries is None else take_positions(summaries, last_positions(groups, G))  # (B, G, L, d)
+        y = self.attn(merge_groups(n, groups, G), first_positions(groups, G), ctx, pad)  # (B, G, d)
+        return restore_groups(y, groups)  # (B, T, d)
 
 
 class Wiola(RouteScopeLM):

@@ -1,5 +1,6 @@
 """Parts of the Wiola family (see `wiola.py`): WiolaRMSNorm, SRPE, adaptive token merging (ATM)
-and the dual-stream feed-forward (DSFF). Ordered from parts to whole."""
+and the dual-stream feed-forward (DSFF). Ordered from parts to whole. Section numbers refer to
+the Wiola paper (arXiv:2607.01394)."""
 from __future__ import annotations
 
 import math
@@ -96,30 +97,46 @@ def merge_groups(t: torch.Tensor, groups: torch.Tensor, n_groups: int) -> torch.
 
 
 def restore_groups(t: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """(B, G, *rest) -> (B, T, *rest): every position gets its group's value."""
-    B, T = groups.shape
-    return t.gather(1, groups.view(B, T, *[1] * (t.dim() - 2)).expand(B, T, *t.shape[2:]))
+    """(B, G, *rest) -> (B, T, *rest): every position gets its group's value (eq. 31)."""
+    return take_positions(t, groups)
+
+
+def take_positions(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(B, N, *rest), index (B, M) -> (B, M, *rest): out[b, m] = t[b, index[b, m]]."""
+    B, M = index.shape
+    return t.gather(1, index.view(B, M, *[1] * (t.dim() - 2)).expand(B, M, *t.shape[2:]))
 
 
 def first_positions(groups: torch.Tensor, n_groups: int) -> torch.Tensor:
     """(B, T) groups -> (B, G) position of the first token of each group (padding groups: T - 1)."""
+    return _group_position(groups, n_groups, "amin")
+
+
+def last_positions(groups: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """(B, T) groups -> (B, G) position of the last token of each group (padding groups: T - 1)."""
+    return _group_position(groups, n_groups, "amax")
+
+
+def _group_position(groups: torch.Tensor, n_groups: int, reduce: str) -> torch.Tensor:
     B, T = groups.shape
     pos = torch.arange(T, device=groups.device).expand(B, T)
     return torch.full((B, n_groups), T - 1, dtype=torch.long, device=groups.device).scatter_reduce(
-        1, groups, pos, reduce="amin", include_self=False)
+        1, groups, pos, reduce=reduce, include_self=False)
 
 
 class TokenMerger(nn.Module):
-    """ATM decision for one block: adjacent cosines of the block input and the greedy merge map.
+    """ATM decision for one block (Sec. VIII): adjacent cosines of the attention input (the
+    normalised block input, as in the authors' code) and the greedy merge map.
 
-    Sites: `hidden` [batch, pos, d] the hidden states the cosines are computed from (the block
-    input), `adjacent_cos` [batch, pos-1] cos(x_t, x_{t+1}), `merge_map` [batch, pos] int64 group
-    index of every position (equal indices = merged). Recompute merges for any tau from `hidden`.
+    Sites: `hidden` [batch, pos, d] the hidden states the cosines are computed from,
+    `adjacent_cos` [batch, pos-1] cos(h_t, h_{t+1}), `merge_map` [batch, pos] int64 group index of
+    every position (equal indices = merged). Recompute merges for any tau from `hidden`.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.hidden = Site("[batch, pos, d] block input the ATM cosines are computed from")
+        self.hidden = Site("[batch, pos, d] normalised block input (the attention input) the ATM cosines are "
+                           "computed from")
         self.adjacent_cos = Site("[batch, pos-1] cosine similarity of hidden states t and t+1")
         self.merge_map = Site("[batch, pos] int64 group index of every position (same index = merged)")
 

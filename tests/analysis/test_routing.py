@@ -260,11 +260,11 @@ def test_dsff_gates_and_gcla_betas(wiola_atm):
     assert len(df) == 2 * 12 * model.config.n_layers
     for i in range(model.config.n_layers):
         gate = tr[f"blocks.{i}.dsff.gate"]
-        mm = tr[f"blocks.{i}.atm.merge_map"] if i in model.config.atm_layers else None
+        assert gate.shape[:2] == (2, 12)  # per token, also in ATM blocks
         rows = df[df[C.LAYER] == f"blocks.{i}.dsff"]
         for b in range(2):
             for t in range(12):
-                g = gate[b, t if mm is None else int(mm[b, t])]
+                g = gate[b, t]
                 got = rows[(rows[C.BATCH] == b) & (rows[C.POSITION] == t)][C.GATE_MEAN].item()
                 assert got == pytest.approx(float(g.mean()), rel=1e-5)
     betas = R.gcla_betas(tr)
