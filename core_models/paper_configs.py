@@ -4,6 +4,12 @@ Plain data (litgpt-style): each entry names a preset (or family) plus field over
 paper's stated totals / component rows. `scripts/paper_counts.py` builds each on the meta device,
 counts, and writes the README table; tests/models/test_paper_scale.py asserts every row.
 Each family's owner keeps its own entries here.
+
+How a row is counted: "total" (no `params`) is every parameter of the built model, tied weights
+once. A component row lists `params`, shell-style patterns (fnmatch) over the model's parameter
+names, e.g. ("blocks.0.attn.*",) for one layer's attention or ("paths.*.blocks.*",) for every path
+block; it counts the parameters matching any pattern (tied weights once). A pattern that matches
+nothing is an error, not a zero.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ class PaperCount:
     stated: float  # the paper's number (parameters)
     source: str  # where the paper states it, e.g. "Table IV", "sec. 4.1"
     rel_tol: float = 0.005  # the paper's rounding (e.g. "38M" -> 0.5M of 38M is about 1.3%)
+    params: tuple[str, ...] = ()  # component rows: fnmatch patterns over parameter names; () = total
 
 
 @dataclass(frozen=True)
@@ -31,4 +38,40 @@ class PaperConfig:
 
 PAPER_CONFIGS: list[PaperConfig] = [
     # entries are added per family (MoEP, pgpt/lgpt/cgpt, Wiola, PaPaformer, PAGMLP)
+]
+
+# --- MoEP (Tapaninaho, BabyLM 2025) ------------------------------------------------------------
+# d_L = 384, d_P = d_L / 2 = 192, N = 10 parallel layers of P = 4 blocks (top-2), E = 4 experts
+# (top-2) in the shrink and grow layers, one full block before and after, GPT-2 blocks without
+# linear biases, tied embeddings. Vocabulary 16,000 and context 512 are not taken from the paper's
+# text: they are the values with which this listing gives the stated 38.22M (an 8,192-token
+# vocabulary with untied head and context 128 would too). Heads (6 and 3: head size 64) do not
+# change the counts.
+_MOEP_PAPER = dict(vocab_size=16000, context=512, d_model=384, d_par=192, n_heads=6, n_par_heads=3,
+                   n_pre=1, n_post=1, n_parallel_layers=10, n_blocks=4, top_k=2, n_experts=4, expert_top_k=2)
+PAPER_CONFIGS += [
+    PaperConfig(
+        name="moep (paper, linear experts)", preset="moep", overrides=dict(_MOEP_PAPER),
+        counts=(PaperCount("total", 28e6, "MoEP paper, model size (\"28M\")", rel_tol=0.5e6 / 28e6),),
+        note="vocabulary and context inferred from the SwiGLU model's 38.22M (see paper_configs.py)"),
+    PaperConfig(
+        name="moep-swiglu (paper)", preset="moep-swiglu", overrides=dict(_MOEP_PAPER, expert_hidden=4 * 384),
+        counts=(PaperCount("total", 38.22e6, "MoEP paper, model size (\"38.22M\", SwiGLU hidden 4 d_L)",
+                           rel_tol=0.005e6 / 38.22e6),),
+        note="vocabulary and context inferred from this total (see paper_configs.py)"),
+]
+
+# --- ParallelGPT: pgpt, lgpt (Suresh & P, arXiv 2404.14462) ------------------------------------
+# The reference code's GPTConfig of the paper's runs (SkAndMl/gpt-variations models.py up to
+# commit b7d82b4; later commits moved to 12 x 768): n_layer 8, n_head 8, n_embd 512, block_size
+# 1024, bias False, vocab_size 50304 as its train.py passes. Untied head, learned positions (counted).
+# pgpt: 2 paths of 4 blocks, w = sigmoid(wt). lgpt: groups of 2 blocks, each ending with a halving.
+_GPT_VARIANTS_PAPER = dict(vocab_size=50304, context=1024, d_model=512, n_layers=8, n_heads=8)
+PAPER_CONFIGS += [
+    PaperConfig(
+        name="pgpt (paper)", preset="pgpt-sigmoid", overrides=dict(_GPT_VARIANTS_PAPER, tie_embeddings=False),
+        counts=(PaperCount("total", 77.7e6, "ParallelGPT paper, pgpt size (\"77.7M\")", rel_tol=0.05e6 / 77.7e6),)),
+    PaperConfig(
+        name="lgpt (paper)", preset="lgpt", overrides=dict(_GPT_VARIANTS_PAPER, halve_every=2),
+        counts=(PaperCount("total", 36.4e6, "ParallelGPT paper, lgpt size (\"36.4M\")", rel_tol=0.05e6 / 36.4e6),)),
 ]

@@ -1,0 +1,134 @@
+"""Count every entry of core_models.paper_configs.PAPER_CONFIGS at its paper's configuration, built
+on the meta device (no memory, no initialisation cost), and write the README's paper-scale table
+between the markers below. Nothing in the table is typed by hand: `ours` is measured here, `paper`
+and `source` come from the registry entry.
+
+    python scripts/paper_counts.py           # rewrite the table in README.md
+    python scripts/paper_counts.py --check   # exit 1 if README.md is out of date
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from core_models import build_model, from_name  # noqa: E402
+from core_models.paper_configs import PAPER_CONFIGS, PaperConfig, PaperCount  # noqa: E402
+
+START, END = "<!-- paper-counts:start -->", "<!-- paper-counts:end -->"
+HEADER = ("| model | what | ours | paper | source | rel. diff | within paper rounding |\n"
+          "|---|---|---|---|---|---|---|\n")
+
+
+class PaperCountError(ValueError):
+    """An entry cannot be built or counted, or the README lacks the markers; the message says which."""
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    what: str
+    ours: int
+    stated: float
+    source: str
+    rel_tol: float
+
+    @property
+    def rel_diff(self) -> float:
+        return (self.ours - self.stated) / self.stated
+
+    @property
+    def within(self) -> bool:
+        return abs(self.rel_diff) <= self.rel_tol
+
+
+def build_on_meta(entry: PaperConfig) -> torch.nn.Module:
+    try:
+        config = from_name(entry.preset, **entry.overrides)
+        with torch.device("meta"):
+            return build_model(config)
+    except Exception as e:  # a wrong entry (unknown field, bad value) is named, not a traceback
+        raise PaperCountError(f"paper_configs entry {entry.name!r}: {e}") from e
+
+
+def count(model: torch.nn.Module, pc: PaperCount) -> int:
+    """All parameters (tied weights once), or those whose name matches one of `pc.params`."""
+    named = dict(model.named_parameters())  # named_parameters() lists a tied tensor once
+    if not pc.params:
+        return sum(p.numel() for p in named.values())
+    unmatched = [pat for pat in pc.params if not any(fnmatchcase(n, pat) for n in named)]
+    if unmatched:
+        raise PaperCountError(f"row {pc.what!r}: pattern(s) {', '.join(unmatched)} match no parameter name")
+    return sum(p.numel() for n, p in named.items() if any(fnmatchcase(n, pat) for pat in pc.params))
+
+
+def entry_rows(entry: PaperConfig) -> list[Row]:
+    model = build_on_meta(entry)
+    rows = []
+    for pc in entry.counts:
+        try:
+            n = count(model, pc)
+        except PaperCountError as e:
+            raise PaperCountError(f"paper_configs entry {entry.name!r}, {e}") from e
+        rows.append(Row(entry.name, pc.what, n, pc.stated, pc.source, pc.rel_tol))
+    return rows
+
+
+def all_rows(entries: list[PaperConfig] = PAPER_CONFIGS) -> list[Row]:
+    return [row for entry in entries for row in entry_rows(entry)]
+
+
+def _millions(x: float) -> str:
+    return f"{x / 1e6:g}M"
+
+
+def render(rows: list[Row]) -> str:
+    lines = [f"| {r.model} | {r.what} | {r.ours:,} ({_millions(round(r.ours, -4))}) | {_millions(r.stated)} "
+             f"| {r.source} | {r.rel_diff:+.2%} | {'yes' if r.within else 'NO'} |" for r in rows]
+    return HEADER + "\n".join(lines) + ("\n" if lines else "")
+
+
+def splice(readme: str, table: str) -> str:
+    """README text with the part between the markers replaced by `table`."""
+    if readme.count(START) != 1 or readme.count(END) != 1 or readme.index(START) > readme.index(END):
+        raise PaperCountError(f"README.md: expected one {START} line followed by one {END} line")
+    head, rest = readme.split(START)
+    _, tail = rest.split(END)
+    return f"{head}{START}\n{table}{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--check", action="store_true", help="only report whether the README table is up to date")
+    args = ap.parse_args(argv)
+    try:
+        rows = all_rows()
+        readme = args.readme.read_text()
+        new = splice(readme, render(rows))
+    except (PaperCountError, OSError) as e:
+        print(f"paper_counts: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != readme:
+            print(f"paper_counts: {args.readme} is out of date; run python scripts/paper_counts.py", file=sys.stderr)
+            return 1
+        return 0
+    if new != readme:
+        tmp = args.readme.with_name(args.readme.name + ".tmp")
+        tmp.write_text(new)
+        tmp.replace(args.readme)  # all or nothing
+    sys.stdout.write(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Every family at its paper's configuration (core_models/paper_configs.py) counts what the paper
+states, within the paper's rounding; the README table is what scripts/paper_counts.py writes."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from core_models import param_count
+from core_models.paper_configs import PAPER_CONFIGS, PaperConfig, PaperCount
+
+from tiny_models import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("paper_counts", ROOT / "scripts" / "paper_counts.py")
+paper_counts = sys.modules["paper_counts"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
+_spec.loader.exec_module(paper_counts)
+
+ROWS = [(entry, pc) for entry in PAPER_CONFIGS for pc in entry.counts]
+
+
+@pytest.mark.parametrize("entry,pc", ROWS, ids=[f"{e.name}: {pc.what}" for e, pc in ROWS])
+def test_count_within_the_papers_rounding(entry, pc):
+    model = paper_counts.build_on_meta(entry)
+    assert all(p.is_meta for p in model.parameters())  # nothing allocated
+    ours = paper_counts.count(model, pc)
+    assert abs(ours - pc.stated) <= pc.rel_tol * pc.stated, (
+        f"{entry.name} {pc.what}: ours {ours:,} vs paper {pc.stated:,.0f} ({pc.source}), "
+        f"rel. diff {(ours - pc.stated) / pc.stated:+.3%} > {pc.rel_tol:.3%}")
+    if not pc.params:  # a total is also the family's closed-form count
+        assert ours == param_count(model.config)
+
+
+def test_every_entry_states_something():
+    for entry in PAPER_CONFIGS:
+        assert entry.counts, entry.name
+        assert all(pc.stated > 0 and 0 < pc.rel_tol < 0.1 and pc.source for pc in entry.counts), entry.name
+
+
+def test_component_patterns_count_the_matching_parameters():
+    model = tiny_model("pgpt")
+    total = paper_counts.count(model, PaperCount("total", 1.0, "-"))
+    path0 = paper_counts.count(model, PaperCount("path 0", 1.0, "-", params=("paths.0.*",)))
+    blocks = paper_counts.count(model, PaperCount("blocks", 1.0, "-", params=("paths.*.blocks.*", "ln_f.*")))
+    assert total == sum(p.numel() for p in model.parameters())  # tied head counted once
+    assert path0 == sum(p.numel() for p in model.paths[0].parameters())
+    assert blocks == sum(p.numel() for path in model.paths for p in path.blocks.parameters()) + model.ln_f.weight.numel()
+    with pytest.raises(paper_counts.PaperCountError, match="paths.7"):
+        paper_counts.count(model, PaperCount("none", 1.0, "-", params=("paths.7.*",)))
+
+
+def test_a_wrong_entry_is_named():
+    bad = PaperConfig(name="lgpt (typo)", preset="lgpt", overrides=dict(wingspan=3), counts=(PaperCount("total", 1e6, "-"),))
+    with pytest.raises(paper_counts.PaperCountError, match=r"lgpt \(typo\).*wingspan"):
+        paper_counts.entry_rows(bad)
+
+
+def test_rows_report_the_relative_difference_and_the_verdict():
+    row = paper_counts.Row("m", "total", 36_423_936, 36.4e6, "-", 0.05e6 / 36.4e6)
+    assert row.rel_diff == pytest.approx(23_936 / 36.4e6, rel=1e-12) and row.within
+    assert not paper_counts.Row("m", "total", 36_460_000, 36.4e6, "-", 0.05e6 / 36.4e6).within
+
+
+def test_readme_table_is_up_to_date():
+    readme = (ROOT / "README.md").read_text()
+    expected = paper_counts.splice(readme, paper_counts.render(paper_counts.all_rows()))
+    assert readme == expected, "README.md paper-scale table is out of date: run python scripts/paper_counts.py"
+
+
+def test_splice_needs_both_markers():
+    with pytest.raises(paper_counts.PaperCountError, match="paper-counts:start"):
+        paper_counts.splice("# no markers\n", "table")
+    text = f"a\n{paper_counts.START}\nold\n{paper_counts.END}\nb\n"
+    assert paper_counts.splice(text, "new\n") == f"a\n{paper_counts.START}\nnew\n{paper_counts.END}\nb\n"
+
+
+def test_meta_build_matches_a_real_build():
+    entry = PaperConfig("lgpt (small)", "lgpt", dict(d_model=64, n_layers=4, n_heads=2, vocab_size=50, context=8),
+                        (PaperCount("total", 1.0, "-"),))
+    meta = paper_counts.build_on_meta(entry)
+    assert [(n, p.shape) for n, p in meta.named_parameters()] == \
+        [(n, p.shape) for n, p in paper_counts.build_model(meta.config).named_parameters()]
+    assert not any(p.is_meta for p in paper_counts.build_model(meta.config).parameters())
+    assert torch.device("meta") == next(meta.parameters()).device
