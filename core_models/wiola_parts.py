@@ -3,8 +3,6 @@ and the dual-stream feed-forward (DSFF). Ordered from parts to whole. Section nu
 the Wiola paper (arXiv:2607.01394)."""
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,32 +30,33 @@ class WiolaRMSNorm(nn.Module):
 
 
 class SRPE(nn.Module):
-    """Spiral (helical) rotary position encoding, applied to queries and keys like RoPE.
+    """Spiral rotary position encoding (Sec. VI), applied to queries and keys like RoPE.
 
-    Feature pair i (rotate-half pairing: i with i + hd/2, i = 0 .. hd/2 - 1) at absolute position
-    m is rotated by
+    Feature pair j (rotate-half pairing: j with j + hd/2, j = 0 .. hd/2 - 1) at absolute position
+    p is turned by the winding angle Theta_j(p) and scaled by the radial factor r_j(p):
 
-        angle(m, i) = m * theta_i + a_s * sin(2 pi f_s m + 2 pi (i mod k_s) / k_s),
-        theta_i = 10000^(-2i / hd),
+        omega_j    = 10000^(-2j / hd)
+        Theta_j(p) = p * omega_j * (1 + 1 / k_s)
+        r_j(p)     = 1 + a_s * sin(p * f_s * omega_j)
+        (a, b)    -> r_j(p) * (a cos Theta - b sin Theta,  b cos Theta + a sin Theta)
 
-    i.e. the usual RoPE angle plus a helix: k_s phase groups of pairs, each winding with frequency
-    f_s (one turn every 1 / f_s = 100 positions at f_s = 0.01) and amplitude a_s radians. The
-    score of query m and key n in pair i turns by (m - n) theta_i + a_s [sin(.. m ..) - sin(.. n ..)]:
-    the relative RoPE term plus a bounded absolute term (|.| <= 2 a_s = 0.2 rad), so attention stays
-    relative-position friendly up to a small, smooth, deterministic perturbation. a_s = 0 is RoPE.
-    Tables cover 2 * context positions and are non-persistent buffers (never in checkpoints).
+    so position p sits on a helix: the angle winds at omega_j (1 + 1/k_s) per position, the radius
+    oscillates around 1 with amplitude a_s at frequency f_s omega_j. No learned parameters. The
+    score of query p and key n turns by the relative angle (p - n) omega_j (1 + 1/k_s) and is scaled
+    by r_j(p) r_j(n), an absolute-position term within [(1 - a_s)^2, (1 + a_s)^2]. a_s = 0 is RoPE
+    with every frequency times (1 + 1/k_s). The authors' code computes the tables in float32; we
+    compute them in float64 and store float32 (the nearest float32 to the formula). Tables cover
+    2 * context positions and are non-persistent buffers (never in checkpoints).
     """
 
     def __init__(self, head_dim: int, context: int, k_s: int = 8, a_s: float = 0.1, f_s: float = 0.01) -> None:
         super().__init__()
-        half = head_dim // 2
-        i = torch.arange(half, dtype=torch.float32)
-        theta = ROPE_BASE ** (-2.0 * i / head_dim)  # (hd/2,)
-        phase = 2 * math.pi * torch.remainder(i, k_s) / k_s  # (hd/2,) helix phase group of each pair
-        m = torch.arange(2 * context, dtype=torch.float32)[:, None]  # (2C, 1)
-        angles = m * theta + a_s * torch.sin(2 * math.pi * f_s * m + phase)  # (2C, hd/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        omega = ROPE_BASE ** (-2.0 * torch.arange(head_dim // 2, dtype=torch.float64) / head_dim)  # (hd/2,)
+        p = torch.arange(2 * context, dtype=torch.float64)[:, None]  # (2C, 1)
+        theta = p * omega * (1.0 + 1.0 / k_s)  # (2C, hd/2) winding angle
+        radius = 1.0 + a_s * torch.sin(p * f_s * omega)  # (2C, hd/2) radial factor r_j(p)
+        self.register_buffer("cos", (radius * theta.cos()).float(), persistent=False)
+        self.register_buffer("sin", (radius * theta.sin()).float(), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: (B, H, T, hd); positions: (B or 1, T) absolute int64 positions

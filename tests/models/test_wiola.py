@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from core_models import Ablation, ConfigError, tracing
-from core_models.layers import Rotary
 from core_models.registry import PRESETS, build_model, from_name
 from core_models.wiola import Wiola, WiolaConfig, wiola_component_counts, wiola_param_count
 from core_models.wiola_parts import SRPE, WiolaRMSNorm, greedy_merge_map
@@ -341,17 +340,48 @@ def test_bad_config_names_field(field, value):
         WiolaConfig(**{**TINY, field: value})
 
 
-def test_srpe_formula_and_rope_limit():
-    hd, C = 8, 16
-    s = SRPE(hd, C, k_s=8, a_s=0.1, f_s=0.01)
-    for m, i in ((0, 0), (5, 1), (17, 3)):
-        angle = m * 10000 ** (-2 * i / hd) + 0.1 * math.sin(2 * math.pi * 0.01 * m + 2 * math.pi * (i % 8) / 8)
-        # the float32 table rounds the angle (to eps of |angle|) and then its cosine (to eps of 1)
-        assert math.isclose(float(s.cos[m, i]), math.cos(angle), abs_tol=8 * EPS32 * max(1.0, abs(angle)))
-    x = torch.randn(1, 2, 5, hd)  # (B, H, T, hd); Rotary takes (B, T, H, hd)
-    pos = torch.arange(3, 8)[None]
-    rope = Rotary(hd, C, 10000.0, "half")(x.transpose(1, 2), 3).transpose(1, 2)
-    torch.testing.assert_close(SRPE(hd, C, a_s=0.0)(x, pos), rope)
+def srpe_float64(x: torch.Tensor, positions: list[int], k_s: float, a_s: float, f_s: float) -> torch.Tensor:
+    """The paper's SRPE (Sec. VI) element by element in float64: pair j = (j, j + hd/2) at position
+    p is rotated by Theta = p omega_j (1 + 1/k_s) and scaled by r = 1 + a_s sin(p f_s omega_j),
+    omega_j = 10000^(-2j/hd). x: (H, T, hd)."""
+    H, T, hd = x.shape
+    out = torch.empty(H, T, hd, dtype=torch.float64)
+    for h in range(H):
+        for t, p in enumerate(positions):
+            for j in range(hd // 2):
+                omega = 10000.0 ** (-2.0 * j / hd)
+                theta = p * omega * (1.0 + 1.0 / k_s)
+                r = 1.0 + a_s * math.sin(p * f_s * omega)
+                lo, hi = float(x[h, t, j]), float(x[h, t, j + hd // 2])
+                out[h, t, j] = r * (lo * math.cos(theta) - hi * math.sin(theta))
+                out[h, t, j + hd // 2] = r * (hi * math.cos(theta) + lo * math.sin(theta))
+    return out
+
+
+@pytest.mark.parametrize("k_s,a_s,f_s", [(8, 0.1, 0.01), (3, 0.4, 0.7), (1, 0.0, 0.0)])
+def test_srpe_matches_the_papers_formula_in_float64(k_s, a_s, f_s):
+    hd, C = 16, 40
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 3, 7, hd, generator=g)  # (B, H, T, hd)
+    positions = torch.tensor([[0, 1, 5, 17, 40, 63, 79], [3, 3, 9, 22, 31, 50, 78]])  # up to 2C - 1
+    got = SRPE(hd, C, k_s, a_s, f_s)(x, positions)
+    for b in range(2):
+        want = srpe_float64(x[b], positions[b].tolist(), k_s, a_s, f_s)
+        torch.testing.assert_close(got[b].double(), want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+
+
+def test_srpe_scores_are_relative_without_the_radial_term_and_tables_are_not_saved():
+    hd, C = 8, 32
+    g = torch.Generator().manual_seed(12)
+    q, k = torch.randn(1, 1, 1, hd, generator=g), torch.randn(1, 1, 1, hd, generator=g)
+    s = SRPE(hd, C, k_s=8, a_s=0.0, f_s=0.01)
+    score = lambda p, n: float((s(q, torch.tensor([[p]])) * s(k, torch.tensor([[n]]))).sum())  # noqa: E731
+    assert math.isclose(score(9, 4), score(30, 25), rel_tol=1e-5)  # same distance, same score
+    assert not math.isclose(score(9, 4), score(9, 5), rel_tol=1e-3)
+    spiral = SRPE(hd, C, k_s=8, a_s=0.3, f_s=0.05)
+    assert not math.isclose(float((spiral(q, torch.tensor([[9]])) * spiral(k, torch.tensor([[4]]))).sum()),
+                            float((spiral(q, torch.tensor([[30]])) * spiral(k, torch.tensor([[25]]))).sum()),
+                            rel_tol=1e-3)  # the radial factor is absolute
     assert not s.state_dict()  # tables are non-persistent
 
 
