@@ -5,13 +5,18 @@ embed -> n blocks -> WiolaRMSNorm -> head (tied to the embedding)
 block i:  h   = x + GCLA_i(norm_1(x), summaries of the outputs of blocks i-Lambda .. i-1)
           out = h + DSFF_i(norm_2(h))
 
-GCLA (gated cross-layer attention): self-attention (GQA, SRPE on Q and K, KV cache) plus a
-cross-attention whose keys/values at position t are the Lambda = 2 summary vectors at t of the
-previous blocks' outputs; summary_j[t] = mean(out_j[0..t]), a causal running mean (block 1 sees one
-summary, block 0 none and has no cross-attention). Blend out = (1 - beta) sa + beta ca with
-beta = sigmoid(phi), phi a learned scalar per block (init -3); then an output gate
-out = out * sigmoid(W_g x), x the normalised block input. With a KV cache the running sums live in
+GCLA (gated cross-layer attention, Sec. VII, eqs. 24-29), per head h before the output projection:
+  O_self = causal GQA self-attention, SRPE on Q and K, KV cache
+  O_ctx  = softmax_l(q_t . K_ctx[t, l] / sqrt(hd)) V_ctx[t, l], with q_t the same SRPE-rotated
+           query, K_ctx = S W_Kctx and V_ctx = S W_Vctx (d -> n_kv_heads * hd each) over the
+           Lambda = 2 summaries S[t] of the previous blocks' outputs
+  O      = (1 - beta) O_self + beta O_ctx,  beta = sigmoid(phi), phi a learned scalar (init -3)
+  A      = (sigmoid(W_G x) * concat_h O) W_O,  x the normalised block input
+summary_j[t] = mean(out_j[0..t]), a causal running mean (block 1 sees one summary; block 0 none and
+has no cross-attention parameters). With a KV cache the running sums live in
 `cache.extra["blocks.{j}.gcla.running_sum"]` ((B, d), float32), so decoding equals recomputation.
+The equations are those of the authors' code (PyPI `wiola` 0.1.1, which cites the paper's
+sections); the paper's own text was not available to us.
 
 ATM (adaptive token merging, Sec. VIII), blocks n//3 .. 2n//3 - 1, merges tokens for attention
 only: the normalised block input n = norm_1(x) is scanned left to right and adjacent tokens with
@@ -44,7 +49,7 @@ the totals come near the names (see `wiola_component_counts`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -117,13 +122,17 @@ class WiolaConfig(BaseConfig):
 
 
 class WiolaAttention(Attention):
-    """Causal GQA self-attention with SRPE on Q and K, at explicit positions (ATM moves them)."""
+    """GCLA's self-attention (eqs. 24-25): causal GQA with SRPE on Q and K at explicit positions
+    (ATM moves them), KV cache. No output projection here: GCLA blends and gates the per-head
+    outputs before W_O. Returns the per-head outputs and the SRPE-rotated queries, which the
+    cross-layer attention reuses."""
 
     def __init__(self, c: WiolaConfig) -> None:
-        super().__init__(c.spec())
+        super().__init__(replace(c.spec(), attn_out_proj=False))
         self.srpe = SRPE(c.head_dim, c.context, c.srpe_k, c.srpe_a, c.srpe_f)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                pad_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # x: (B, T, d); positions: (B or 1, T) absolute positions
         B, T, _ = x.shape
         cache = runtime.current().cache
@@ -134,56 +143,58 @@ class WiolaAttention(Attention):
         v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
         if cache is not None:
             k, v = cache.append(self.layer_id, k, v, self.context)
-        y = attend(q, k, v, start, pad_mask)  # (B, H, T, hd)
-        return self.proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
+        return attend(q, k, v, start, pad_mask).transpose(1, 2), q.transpose(1, 2)  # (B, T, H, hd) each
 
 
 class CrossLayerAttention(nn.Module):
-    """Per-position attention over the previous layers' summaries: at position t, query from x_t,
-    keys/values from the n_prev summary vectors at t (normalised). GQA head layout, no position."""
+    """GCLA's cross-layer context sub-attention (eqs. 26-27): at position t the SRPE-rotated query
+    of the self-attention attends over the Lambda summary vectors at t, K_ctx = S W_Kctx and
+    V_ctx = S W_Vctx (d -> n_kv_heads * head_dim each, GQA head layout, no position on the keys)."""
 
     def __init__(self, c: WiolaConfig) -> None:
         super().__init__()
-        d, self.n_heads, self.n_kv, self.hd = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
-        self.norm = WiolaRMSNorm(d, c.norm_eps)
-        self.q = nn.Linear(d, self.n_heads * self.hd, bias=False)
-        self.kv = nn.Linear(d, 2 * self.n_kv * self.hd, bias=False)
-        self.proj = nn.Linear(self.n_heads * self.hd, d, bias=False)
+        self.n_heads, self.n_kv, self.hd = c.n_heads, c.n_kv_heads, c.head_dim
+        self.k = nn.Linear(c.d_model, self.n_kv * self.hd, bias=False)  # W_Kctx
+        self.v = nn.Linear(c.d_model, self.n_kv * self.hd, bias=False)  # W_Vctx
         self.weights = Site("[batch, pos, heads, n_prev] attention weights over the previous layers' summaries")
 
-    def forward(self, x: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
-        # x: (B, T, d); summaries: (B, T, L, d), oldest layer first
+    def forward(self, q: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
+        # q: (B, T, H, hd) rotated queries; summaries: (B, T, L, d), oldest layer first
         B, T, L, _ = summaries.shape
-        q = self.q(x).view(B, T, self.n_heads, self.hd)  # (B, T, H, hd)
-        kv = self.kv(self.norm(summaries)).view(B, T, L, 2 * self.n_kv, self.hd)
-        k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=3) for t in kv.chunk(2, dim=3))  # (B, T, L, H, hd)
+        rep = self.n_heads // self.n_kv  # query head h reads kv head h // rep, as in the self-attention
+        k = self.k(summaries).view(B, T, L, self.n_kv, self.hd).repeat_interleave(rep, dim=3)  # (B, T, L, H, hd)
+        v = self.v(summaries).view(B, T, L, self.n_kv, self.hd).repeat_interleave(rep, dim=3)
         scores = torch.einsum("bthe,btlhe->bthl", q.float(), k.float()) / math.sqrt(self.hd)  # (B, T, H, L)
         w = self.weights(scores.softmax(dim=-1))
-        y = torch.einsum("bthl,btlhe->bthe", w, v.float()).type_as(x)  # (B, T, H, hd)
-        return self.proj(y.reshape(B, T, self.n_heads * self.hd))
+        return torch.einsum("bthl,btlhe->bthe", w, v.float()).type_as(q)  # (B, T, H, hd)
 
 
 class GatedCrossLayerAttention(nn.Module):
-    """GCLA: (1 - beta) * self_attn + beta * cross_attn, beta = sigmoid(phi); times sigmoid(W_g x)."""
+    """GCLA (Sec. VII, eqs. 24-29), per head before the output projection:
+    O = (1 - beta) O_self + beta O_ctx, beta = sigmoid(phi); A = (sigmoid(W_G x) * O) W_O."""
 
     def __init__(self, c: WiolaConfig, has_cross: bool) -> None:
         super().__init__()
+        d, inner = c.d_model, c.n_heads * c.head_dim
         self.self_attn = WiolaAttention(c)
         self.cross = CrossLayerAttention(c) if has_cross else None
         self.phi = nn.Parameter(torch.tensor(float(c.gcla_phi_init))) if has_cross else None
-        self.gate = nn.Linear(c.d_model, c.d_model, bias=False)  # W_g
+        self.gate = nn.Linear(d, inner, bias=False)  # W_G
+        self.proj = nn.Linear(inner, d, bias=False)  # W_O
         # block 0 has no earlier layer to attend to, hence no beta site
         self.gcla_beta = Site("[] beta = sigmoid(phi), weight of the cross-layer attention",
                               pos_axis=None) if has_cross else None
-        self.out_gate = Site("[batch, pos, d] output gate sigmoid(W_g x)")
+        self.out_gate = Site("[batch, pos, d] output gate sigmoid(W_G x), applied before W_O")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
                 pad_mask: torch.Tensor | None) -> torch.Tensor:
-        out = self.self_attn(x, positions, pad_mask)  # (B, T, d)
+        B, T, _ = x.shape
+        o, q = self.self_attn(x, positions, pad_mask)  # (B, T, H, hd) each
         if self.cross is not None and summaries is not None:
             beta = self.gcla_beta(torch.sigmoid(self.phi))  # ()
-            out = (1 - beta) * out + beta * self.cross(x, summaries)
-        return out * self.out_gate(torch.sigmoid(self.gate(x)))
+            o = (1 - beta) * o + beta * self.cross(q, summaries)
+        g = self.out_gate(torch.sigmoid(self.gate(x)))  # (B, T, H * hd)
+        return self.proj(g * o.reshape(B, T, -1))  # (B, T, d)
 
 
 class WiolaBlock(nn.Module):
@@ -229,7 +240,7 @@ class Wiola(RouteScopeLM):
         self.norm = WiolaRMSNorm(c.d_model, c.norm_eps)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         init_weights(self)
-        residual_out = ("self_attn.proj.weight", "cross.proj.weight", "ffn_a.down.weight", "ffn_b.proj.weight")
+        residual_out = ("attn.proj.weight", "ffn_a.down.weight", "ffn_b.proj.weight")
         for name, p in self.named_parameters():
             if name.endswith(residual_out):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.n_layers))
@@ -286,25 +297,26 @@ class Wiola(RouteScopeLM):
 
 def wiola_component_counts(c: WiolaConfig) -> dict[str, int]:
     """Parameter counts per component: `layer.<part>` for one block that has cross-attention
-    (block 0 has no gcla_cross_attn / gcla_summary_norm / gcla_phi, nor does any block if
-    gcla_lambda = 0), `total.<part>` summed over blocks, the embedding, head (0 if tied), final
-    norm, and `total` (tied weights once; equals sum(p.numel()) of the built model)."""
-    d, V, hd = c.d_model, c.vocab_size, c.head_dim
-    q, kv = d * c.n_heads * hd, d * c.n_kv_heads * hd
+    (block 0 has no gcla_ctx_k / gcla_ctx_v / gcla_phi, nor does any block if gcla_lambda = 0),
+    `total.<part>` summed over blocks, the embedding, head (0 if tied), final norm, and `total`
+    (tied weights once; equals sum(p.numel()) of the built model)."""
+    d, V, inner, kv = c.d_model, c.vocab_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     layer = {
-        "attn_q": q, "attn_k": kv, "attn_v": kv, "attn_o": c.n_heads * hd * d,
-        "gcla_cross_attn": q + 2 * kv + c.n_heads * hd * d, "gcla_summary_norm": 2 * d, "gcla_phi": 1,
-        "gcla_gate": d * d,
+        "attn_q": d * inner, "attn_k": d * kv, "attn_v": d * kv, "attn_o": inner * d,
+        "gcla_ctx_k": d * kv, "gcla_ctx_v": d * kv, "gcla_phi": 1, "gcla_gate": d * inner,
         "dsff_stream_a": 3 * d * c.hidden_a, "dsff_stream_b": 2 * d * c.hidden_b, "dsff_fusion_gate": 2 * d * d,
         "norms": 4 * d,
     }
     n_cross = c.n_layers - 1 if c.gcla_lambda > 0 else 0
     out = {f"layer.{k}": v for k, v in layer.items()}
     for k, v in layer.items():
-        out[f"total.{k}"] = v * (n_cross if k in ("gcla_cross_attn", "gcla_summary_norm", "gcla_phi") else c.n_layers)
+        out[f"total.{k}"] = v * (n_cross if k in CROSS_ONLY else c.n_layers)
     out.update(embedding=V * d, head=0 if c.tie_embeddings else V * d, final_norm=2 * d)
     out["total"] = sum(out[f"total.{k}"] for k in layer) + out["embedding"] + out["head"] + out["final_norm"]
     return out
+
+
+CROSS_ONLY = ("gcla_ctx_k", "gcla_ctx_v", "gcla_phi")  # components only blocks with cross-attention have
 
 
 def wiola_param_count(c: WiolaConfig) -> int:

@@ -57,13 +57,15 @@ def _component_numels(m: Wiola) -> dict[str, int]:
     add = lambda k, v: tot.__setitem__(k, tot.get(k, 0) + v)  # noqa: E731
     for b in m.blocks:
         sa, hd = b.attn.self_attn, b.attn.self_attn.hd
+        assert sa.proj is None  # W_O belongs to GCLA (applied after the blend and the gate)
         add("attn_q", sa.n_heads * hd * sa.qkv.in_features)
         add("attn_k", sa.n_kv * hd * sa.qkv.in_features)
         add("attn_v", sa.n_kv * hd * sa.qkv.in_features)
-        add("attn_o", n(sa.proj))
+        add("attn_o", n(b.attn.proj))
         cross = b.attn.cross
-        add("gcla_cross_attn", n(cross) - (n(cross.norm) if cross is not None else 0))
-        add("gcla_summary_norm", n(cross.norm) if cross is not None else 0)
+        add("gcla_ctx_k", n(cross.k) if cross is not None else 0)
+        add("gcla_ctx_v", n(cross.v) if cross is not None else 0)
+        assert cross is None or n(cross) == n(cross.k) + n(cross.v)  # no query or output of its own
         add("gcla_phi", b.attn.phi.numel() if b.attn.phi is not None else 0)
         add("gcla_gate", n(b.attn.gate))
         add("dsff_stream_a", n(b.dsff.ffn_a))
@@ -331,6 +333,52 @@ def test_gcla_beta_initial_value(model):
     assert "blocks.0.attn.gcla_beta" not in tr  # block 0 has no earlier layers
     for i in range(1, TINY["n_layers"]):
         assert math.isclose(float(tr[f"blocks.{i}.attn.gcla_beta"]), 1 / (1 + math.exp(3)), rel_tol=1e-6)
+
+
+def gcla_float64(attn, x: torch.Tensor, summaries: torch.Tensor, c: WiolaConfig) -> torch.Tensor:
+    """Eqs. 24-29 written out in float64 from the module's weights, one row x (T, d), summaries
+    (T, L, d): causal GQA self-attention and the per-position cross-layer attention share the
+    SRPE-rotated query; blend (1 - beta, beta) per head; sigmoid gate; then W_O."""
+    T, H, Hkv, hd = x.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
+    rep, xd, sd = H // Hkv, x.double(), summaries.double()
+    wq, wk, wv = attn.self_attn.qkv.weight.double().split([H * hd, Hkv * hd, Hkv * hd])
+    rot = lambda t, n: srpe_float64(t.view(T, n, hd).transpose(0, 1), list(range(T)), c.srpe_k,  # noqa: E731
+                                    c.srpe_a, c.srpe_f).transpose(0, 1)  # (T, n, hd)
+    q, k, v = rot(xd @ wq.T, H), rot(xd @ wk.T, Hkv), (xd @ wv.T).view(T, Hkv, hd)
+    kc = (sd @ attn.cross.k.weight.double().T).view(T, -1, Hkv, hd)  # (T, L, Hkv, hd)
+    vc = (sd @ attn.cross.v.weight.double().T).view(T, -1, Hkv, hd)
+    beta = 1 / (1 + math.exp(-float(attn.phi)))
+    o = torch.zeros(T, H, hd, dtype=torch.float64)
+    for t in range(T):
+        for h in range(H):
+            j = h // rep
+            w_self = torch.softmax(torch.stack([q[t, h] @ k[s, j] for s in range(t + 1)]) / math.sqrt(hd), 0)
+            o_self = sum(w_self[s] * v[s, j] for s in range(t + 1))
+            w_ctx = torch.softmax(kc[t, :, j] @ q[t, h] / math.sqrt(hd), 0)  # (L,)
+            o_ctx = (w_ctx[:, None] * vc[t, :, j]).sum(0)
+            o[t, h] = (1 - beta) * o_self + beta * o_ctx
+    gate = torch.sigmoid(xd @ attn.gate.weight.double().T)  # (T, H * hd)
+    return (gate * o.reshape(T, H * hd)) @ attn.proj.weight.double().T
+
+
+def test_gcla_matches_an_independent_float64_recomputation():
+    c = WiolaConfig(**{**TINY, "n_heads": 4, "n_kv_heads": 2, "srpe_a": 0.3, "srpe_f": 0.05})
+    torch.manual_seed(5)
+    m = Wiola(c).eval()
+    attn = m.blocks[3].attn
+    with torch.no_grad():
+        attn.phi.fill_(0.4)  # beta ~ 0.6: both terms matter
+    g = torch.Generator().manual_seed(6)
+    B, T, L = 2, 9, 2
+    x, summaries = torch.randn(B, T, c.d_model, generator=g), torch.randn(B, T, L, c.d_model, generator=g)
+    with torch.no_grad(), tracing() as tr:
+        got = attn(x, torch.arange(T)[None], summaries, None)
+    for b in range(B):
+        with torch.no_grad():
+            want = gcla_float64(attn, x[b], summaries[b], c)
+        torch.testing.assert_close(got[b].double(), want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+    assert attn.gate.weight.shape == attn.proj.weight.shape[::-1] == (c.n_heads * c.head_dim, c.d_model)
+    assert tr["blocks.3.attn.cross.weights"].shape == (B, T, c.n_heads, L)
 
 
 @pytest.mark.parametrize("field,value", [("n_kv_heads", 3), ("atm_tau", 2.0), ("d_b", -1), ("srpe_k", 0),
