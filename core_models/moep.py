@@ -1,16 +1,44 @@
-"""MoEP: a mixture of parallel blocks between token-level mixture-of-experts width changes.
+"""MoEP (Modular Expert Paths, Tapaninaho, BabyLM 2025): a mixture of parallel blocks between
+token-level mixture-of-experts width changes.
 
 embed (wte + wpe) -> n_pre blocks (d) -> moe_shrink: top-k of E experts d -> d'
-      -> N parallel layers: x + sum_{j in topk} w_j * block_j(x), P blocks of width d'
+      -> N parallel layers: sum_{j in topk} w_j * block_j(x), P blocks of width d', w renormalised
       -> moe_grow: top-k of E experts d' -> d -> n_post blocks (d) -> ln_f -> head (tied to wte)
 
-Blocks are GPT-2 style (LayerNorm, exact-GELU MLP, learned positions, no RoPE). Every router is a
-`TopKRouter`: softmax over its options, the k best kept, their weights renormalised to sum to 1.
-An expert only sees the tokens that selected it (gather, then `index_add_`). A parallel block is
-causal attention over the whole sequence, so it runs on all tokens; without a KV cache it is
-skipped when no token of the batch selected it (its weight is 0 everywhere, so the result is the
-same). With a KV cache every non-dropped block runs on every call, so its cache stays complete.
-The shrink/grow layers change width and have no residual; parallel layers keep d' and do.
+Blocks are GPT-2 style (LayerNorm, exact-GELU MLP, learned positions, no RoPE, no linear biases).
+Every router is a `TopKRouter`: softmax over its options, the k best kept, their weights
+renormalised to sum to 1. An expert only sees the tokens that selected it (gather, then
+`index_add_`). A parallel block is causal attention over the whole sequence, so it runs on all
+tokens; without a KV cache it is skipped when no token of the batch selected it (its weight is 0
+everywhere, so the result is the same). With a KV cache every non-dropped block runs on every call,
+so its cache stays complete. The shrink/grow layers change width and have no residual.
+
+Choices where the paper is ambiguous or self-contradictory (each is a row of the README's
+deviations table):
+- Parallel layer = the routed blocks' outputs summed with the renormalised weights, as the paper
+  writes it. Each block already carries its own residual (x + attn + ffn), so the layer adds none:
+  with weights summing to 1 and zeroed blocks the layer is the identity (an extra "x +" would
+  double the stream per layer, 2^N at the paper's N = 10).
+- Balance loss ("balance" = "entropy", the default): eq. 2's entropy of the batch-mean routing
+  distribution p_mean (noise-free softmax over all n options, mean over tokens). Read literally
+  (+lambda * H added to the loss) minimising it would favour collapse, against the paper's stated
+  aim of balanced use of paths/experts; we follow the stated intent: each router adds
+  lambda * (log n - H(p_mean)), the entropy with the sign the intent needs, shifted by the constant
+  log n so the term is 0 exactly at balanced use (the shift changes no gradient). "switch" offers the
+  Switch Transformer term n * sum_i f_i * P_i (f_i: share of the token's k selections that went to
+  i) instead, for comparison; it is not the paper's.
+- lambda per router: every router (moe_shrink, each parallel.{i}, moe_grow) has its own term,
+  weighted by its own lambda (aux_lambda for the parallel routers, expert_aux_lambda for the
+  shrink/grow routers) and summed, not averaged over routers. Keys: `aux_key(layer)`.
+- SwiGLU experts (shrink and grow alike): hidden width 4 * d_L (expert_hidden = 0), the width with
+  which the paper's SwiGLU model has its stated 38.22M parameters (28.2M with linear experts).
+- moe_shrink/moe_grow normalise their input (LayerNorm, d and d' weights) before routing: without it
+  the signal through two multiplicative (SwiGLU) width changes with no residual shrinks to ~1e-11
+  at init. Not in the paper's description; adds d + d' parameters.
+Presets (`moep`, `moep-swiglu`) keep the paper's d_L / d_P = 2, P = 4 blocks with top-2,
+E = 4 experts with top-2, one full block before and after, and SwiGLU hidden 4 * d_L, at
+d = 128, d' = 64 with head size 32 in both widths and N = 2 parallel layers instead of the paper's
+10 (CPU training budget). The paper-scale configurations are in `paper_configs.py`.
 
 Routing layers (names for `Ablation` and `routing_layers()`): "moe_shrink" and "moe_grow"
 (options = n_experts experts), "parallel.{i}" (options = n_blocks blocks).
@@ -23,9 +51,17 @@ Keep one ablation for a whole cached generation: a block dropped in some steps o
 those positions in its KV cache.
 
 Sites (besides each router's logits / probs / indices / weights):
-  moe_shrink.out [batch, pos, d_par], moe_grow.out [batch, pos, d_model],
-  parallel.{i}.blocks.{j}.out [batch, pos, d_par] (fires only when block j runs),
-  parallel.{i}.combined [batch, pos, d_par] (weighted block sum), parallel.{i}.out [batch, pos, d_par].
+  moe_shrink.experts.{e}.out [batch, pos, d_par], moe_grow.experts.{e}.out [batch, pos, d_model]:
+      expert e's own output (unweighted) for the tokens that routed to it, 0 for the others (and
+      everywhere when e is dropped); recorded only when asked for, and an edit reaches only the
+      tokens that routed to e,
+  moe_shrink.out [batch, pos, d_par], moe_grow.out [batch, pos, d_model]: sum_e w_e * expert_e,
+  parallel.{i}.blocks.{j}.out [batch, pos, d_par]: block j's own output x + attn + ffn (all
+      tokens; fires only when block j runs),
+  parallel.{i}.combined [batch, pos, d_par]: sum_j w_j * block_j(x) over the selected blocks,
+  parallel.{i}.out [batch, pos, d_par]: the layer output (= combined: no residual outside blocks).
+A token's contribution from block j (expert e) is its weight from router.weights times the
+recorded output.
 
 active_params() = num_params - N * (P - top_k) * block(d')
                              - (E - expert_top_k) * (expert(d -> d') + expert(d' -> d)):
@@ -33,6 +69,7 @@ everything (embeddings, routers, norms, full blocks) except the blocks/experts a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,10 +81,17 @@ from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import Block, BlockSpec, init_weights, scaled_residual_init
 from .pgpt import GPTEmbedding
-from .routers import TopKRouter
+from .routers import Route, TopKRouter
 from .sites import Site
 
 EXPERTS = ("linear", "swiglu")
+BALANCE_LOSSES = ("entropy", "switch")  # entropy: the paper's eq. 2 (stated intent); switch: Fedus et al.
+AUX_BALANCE = "balance"  # prefix of every router's balance term in LMOutput.aux
+
+
+def aux_key(layer: str) -> str:
+    """Key of a routing layer's balance term in `LMOutput.aux`, e.g. "balance.parallel.0"."""
+    return f"{AUX_BALANCE}.{layer}"
 
 
 @dataclass(frozen=True)
@@ -66,10 +110,12 @@ class MoEPConfig(BaseConfig):
     n_experts: int = 4  # E experts in moe_shrink and in moe_grow
     expert_top_k: int = 2
     expert: str = "linear"  # linear: one Linear; swiglu: down(silu(gate(x)) * up(x))
-    expert_hidden: int = 0  # swiglu experts' hidden width; 0: d_par
+    expert_hidden: int = 0  # swiglu experts' hidden width; 0: 4 * d_model (the paper's 4 d_L)
     context: int = 256
     tie_embeddings: bool = True
-    aux_lambda: float = 0.01
+    balance: str = "entropy"  # balance term per router: see BALANCE_LOSSES
+    aux_lambda: float = 0.01  # lambda of each parallel layer's router
+    expert_aux_lambda: float = 0.01  # lambda of the moe_shrink and moe_grow routers
     ln_bias: bool = False
     gelu_approx: str = "none"
 
@@ -83,8 +129,10 @@ class MoEPConfig(BaseConfig):
         for f, d, h in (("n_heads", self.d_model, self.n_heads), ("n_par_heads", self.d_par, self.n_par_heads)):
             self.require(d % h == 0, f, f"must divide width {d} into whole head dims")
         self.one_of("expert", EXPERTS)
-        self.require(self.expert_hidden >= 0, "expert_hidden", "must be >= 0 (0: d_par)")
-        self.require(self.aux_lambda >= 0, "aux_lambda", "must be >= 0")
+        self.one_of("balance", BALANCE_LOSSES)
+        self.require(self.expert_hidden >= 0, "expert_hidden", "must be >= 0 (0: 4 * d_model)")
+        for f in ("aux_lambda", "expert_aux_lambda"):
+            self.require(math.isfinite(getattr(self, f)) and getattr(self, f) >= 0, f, "must be a finite number >= 0")
         self.one_of("gelu_approx", ("none", "tanh"))
 
     def spec(self, dim: int, heads: int) -> BlockSpec:
@@ -94,19 +142,62 @@ class MoEPConfig(BaseConfig):
 
     @property
     def hidden(self) -> int:
-        return self.expert_hidden or self.d_par
+        return self.expert_hidden or 4 * self.d_model
+
+
+# --- balance terms -------------------------------------------------------------------------------
+
+def entropy_balance(probs: torch.Tensor) -> torch.Tensor:
+    """log n - H(mean over tokens of probs): 0 at balanced use, log n when one option takes all."""
+    mean = probs.float().flatten(0, -2).mean(0)  # (n,)
+    return math.log(mean.numel()) - torch.special.entr(mean).sum()
+
+
+def switch_balance(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """n * sum_i f_i * P_i (Switch Transformer): f_i = share of the top-k selections that chose i."""
+    n = probs.shape[-1]
+    frac = F.one_hot(indices, n).float().flatten(0, -3).sum(-2).mean(0) / indices.shape[-1]  # (n,)
+    return n * (frac * probs.float().flatten(0, -2).mean(0)).sum()
+
+
+def add_balance_term(c: MoEPConfig, layer: str, route: Route) -> None:
+    """While training: store this router's balance term (unweighted) under aux_key(layer)."""
+    st = runtime.current()
+    if st.training:
+        term = entropy_balance(route.probs) if c.balance == "entropy" else switch_balance(route.probs, route.indices)
+        st.aux[aux_key(layer)] = term
+
+
+def _through_site(site: Site, out: torch.Tensor, tok: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """Pass the (n_e, out) rows of the tokens `tok` through `site` as a dense (B, T, out) tensor,
+    zeros for the other tokens, only when a trace asks for the site (idle: no copy at all)."""
+    tr = runtime.active_trace()
+    if tr is None or not tr.wants(site.name):
+        return out
+    dense = out.new_zeros(shape[0] * shape[1], shape[2])  # (B * T, out)
+    dense[tok] = out
+    return site(dense.view(shape)).reshape(-1, shape[2])[tok]
 
 
 # --- experts and the MoE width change -----------------------------------------------------------
 
+class LinearExpert(nn.Linear):
+    """One bias-free Linear in_dim -> out_dim; `out` records its output (the MoE densifies it)."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__(in_dim, out_dim, bias=False)
+        self.out = Site(f"[batch, pos, {out_dim}] this expert's output (0 for tokens not routed to it)")
+
+
 class SwiGLUExpert(nn.Module):
-    """down(silu(gate(x)) * up(x)), in_dim -> hidden -> out_dim."""
+    """down(silu(gate(x)) * up(x)), in_dim -> hidden -> out_dim; `out` records its output."""
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int) -> None:
         super().__init__()
         self.gate = nn.Linear(in_dim, hidden, bias=False)
         self.up = nn.Linear(in_dim, hidden, bias=False)
         self.down = nn.Linear(hidden, out_dim, bias=False)
+        self.out = Site(f"[batch, pos, {out_dim}] this expert's output (0 for tokens not routed to it)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))  # (n, in) -> (n, out)
@@ -115,7 +206,7 @@ class SwiGLUExpert(nn.Module):
 def make_expert(c: MoEPConfig, in_dim: int, out_dim: int) -> nn.Module:
     if c.expert == "swiglu":
         return SwiGLUExpert(in_dim, c.hidden, out_dim)
-    return nn.Linear(in_dim, out_dim, bias=False)
+    return LinearExpert(in_dim, out_dim)
 
 
 class MoE(nn.Module):
@@ -123,7 +214,7 @@ class MoE(nn.Module):
 
     def __init__(self, c: MoEPConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
-        self.out_dim = out_dim
+        self.config, self.out_dim = c, out_dim
         # pre-norm like every GPT-2 sublayer: without it the signal through two multiplicative
         # (SwiGLU) width changes with no residual shrinks to ~1e-11 at init
         self.norm = nn.LayerNorm(in_dim, eps=1e-5, bias=c.ln_bias)
@@ -136,47 +227,53 @@ class MoE(nn.Module):
         B, T, C = x.shape
         x = self.norm(x)
         route = self.router(x, self.name)
+        add_balance_term(self.config, self.name, route)
         dropped = runtime.current().ablation.dropped(self.name)
         flat = x.reshape(B * T, C)  # (N, in)
         sel = route.indices.reshape(B * T, -1)  # (N, k)
         gate = route.weights.reshape(B * T, -1)  # (N, E), 0 where unselected
         y = x.new_zeros(B * T, self.out_dim)  # (N, out)
         for e, expert in enumerate(self.experts):
-            if e in dropped:
-                continue  # never computed (only reachable by forcing a dropped expert)
             tok = (sel == e).any(-1).nonzero().squeeze(-1)  # (n_e,) tokens that chose e
+            if e in dropped:  # never computed (only reachable by forcing a dropped expert)
+                tok = tok[:0]
+            out = expert(flat[tok]) if tok.numel() else y[:0]  # (n_e, out)
+            out = _through_site(expert.out, out, tok, (B, T, self.out_dim))
             if tok.numel():
-                y.index_add_(0, tok, gate[tok, e, None] * expert(flat[tok]))  # (n_e, out)
+                y.index_add_(0, tok, gate[tok, e, None] * out)
         return self.out(y.view(B, T, self.out_dim))
 
 
 # --- parallel layers --------------------------------------------------------------------------
 
 class ParallelBlock(Block):
-    """A full GPT-2 block at width d'; `out` records its output."""
+    """A full GPT-2 block at width d' (its own residual inside); `out` records its output."""
 
     def __init__(self, spec: BlockSpec) -> None:
         super().__init__(spec)
-        self.out = Site("[batch, pos, d_par] output of this block (all tokens)")
+        self.out = Site("[batch, pos, d_par] output of this block, x + attn + ffn (all tokens)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(super().forward(x))  # (B, T, d')
 
 
 class ParallelLayer(nn.Module):
-    """x + sum over the top-k blocks of weight * block(x), chosen per token by a TopKRouter."""
+    """sum over the top-k blocks of weight * block(x), chosen per token by a TopKRouter. The weights
+    sum to 1 and every block has its own residual, so zeroed blocks make the layer the identity."""
 
     def __init__(self, c: MoEPConfig) -> None:
         super().__init__()
+        self.config = c
         self.router = TopKRouter(c.d_par, c.n_blocks, c.top_k)
         self.blocks = nn.ModuleList(ParallelBlock(c.spec(c.d_par, c.n_par_heads)) for _ in range(c.n_blocks))
-        self.combined = Site("[batch, pos, d_par] weighted sum of the selected blocks' outputs (before the residual)")
-        self.out = Site("[batch, pos, d_par] layer output: input + combined")
+        self.combined = Site("[batch, pos, d_par] weighted sum of the selected blocks' outputs")
+        self.out = Site("[batch, pos, d_par] layer output (= combined; the residual is inside each block)")
         self.name = ""  # routing-layer name, set by the model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         st = runtime.current()
         route = self.router(x, self.name)  # weights: (B, T, P), 0 where unselected
+        add_balance_term(self.config, self.name, route)
         dropped = st.ablation.dropped(self.name)
         if st.cache is not None:  # every block must see every position to keep its cache whole
             run = range(len(self.blocks))
@@ -186,7 +283,7 @@ class ParallelLayer(nn.Module):
         for j in run:
             if j not in dropped:
                 y = y + route.weights[..., j:j + 1] * self.blocks[j](x)
-        return self.out(x + self.combined(y))
+        return self.out(self.combined(y))
 
 
 # --- the model --------------------------------------------------------------------------------
@@ -223,7 +320,10 @@ class MoEP(RouteScopeLM):
                 "moe_grow": c.n_experts}
 
     def aux_weights(self) -> dict[str, float]:
-        return {"load_balance": self.config.aux_lambda}
+        """Each router's own lambda for its balance term (summed over routers, see the docstring)."""
+        c = self.config
+        return {aux_key(layer): c.expert_aux_lambda if layer.startswith("moe_") else c.aux_lambda
+                for layer in self.routing_layers()}
 
     def active_params(self) -> int:
         """Parameters used per token: all but the (P - top_k) unchosen blocks of each parallel

@@ -143,10 +143,7 @@ class TopKRouter(nn.Module):
             idx = logits.topk(k, dim=-1).indices  # (B, T, k); logits, so dropped (-inf) never tie
             top = probs.gather(-1, idx)
             w = top / top.sum(-1, keepdim=True)
-        if st.training:
-            # Switch-style balance: n * sum_i f_i * P_i is minimal (1) when routing is uniform
-            frac = F.one_hot(idx, n).sum(-2).float().flatten(0, -2).mean(0) / idx.shape[-1]
-            st.aux["load_balance"] = st.aux.get("load_balance", 0.0) + n * (frac * probs.flatten(0, -2).mean(0)).sum()
+        # no auxiliary loss here: the family picks its balance term from the Route (moep.py)
         idx, w = self.indices(idx), self.weights(w)
         dense = torch.zeros_like(probs).scatter(-1, idx, w)  # (B, T, n)
         return Route(logits=logits, probs=probs, choice=idx[..., 0], weights=dense, indices=idx)
