@@ -9,9 +9,18 @@ import pytest
 from analysis import columns as C
 from analysis.commands import parse_shard, read_prompts, shard
 from analysis.export import read_csv, read_parquet
+from tolerances import FORWARD_EPS, assert_close_to_scale
 
 PROMPTS = ["Once upon a time", "Solve this", "There was a little girl.", "Python code", "One day",
            "Find the largest", "She loved playing with", "=1+1 \"quoted\", tab\there"]
+
+
+def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    """The same rows in the same order; values equal up to the rounding of another batching (other
+    kernel blockings), in eps of each kind's largest |value|."""
+    pd.testing.assert_frame_equal(a.drop(columns=C.VALUE), b.drop(columns=C.VALUE))
+    for kind, values in a.groupby(C.KIND)[C.VALUE]:
+        assert_close_to_scale(b[C.VALUE][values.index].to_numpy(), values.to_numpy(), FORWARD_EPS, msg=kind)
 
 
 @pytest.fixture
@@ -41,8 +50,7 @@ def test_shards_partition_the_prompts(cli, checkpoint, prompt_file, tmp_path):
     key = [C.PROMPT_ID, C.POSITION, C.LAYER, C.KIND, C.OPTION]
     a = full.sort_values(key, ignore_index=True)
     b = merged.sort_values(key, ignore_index=True)
-    pd.testing.assert_frame_equal(a.drop(columns=C.VALUE), b.drop(columns=C.VALUE))
-    assert (a[C.VALUE] - b[C.VALUE]).abs().max() < 1e-5  # batched vs alone: same up to float noise
+    assert_same_rows(a, b)  # batched vs alone
 
 
 def test_export_rows_match_the_tokenizer(cli, checkpoint, prompt_file, tmp_path, tokenizer):
@@ -165,7 +173,7 @@ def test_sampled_routing_does_not_depend_on_batching(cli, checkpoint, prompt_fil
     cli(["export", ck, *common, "--out", tmp_path / "b.csv", "--batch-size", "1", "--shard", "1/2"])
     a, b = read_csv(tmp_path / "a.csv"), read_csv(tmp_path / "b.csv")
     a = a[a[C.PROMPT_ID].isin(set(b[C.PROMPT_ID]))].reset_index(drop=True)
-    pd.testing.assert_frame_equal(a, b)
+    assert_same_rows(a, b)  # the same routes drawn; values up to the rounding of another batch size
 
 
 @pytest.mark.parametrize("family", ["gumbel_v1", "moep", "pgpt", "wiola"])
@@ -177,4 +185,4 @@ def test_padded_batches_give_the_rows_of_single_prompts(cli, checkpoint, prompt_
     cli(["export", ck, *common, "--out", tmp_path / "single.csv", "--batch-size", "1"])
     a, b = read_csv(tmp_path / "batched.csv"), read_csv(tmp_path / "single.csv")
     assert a[C.PROMPT_ID].nunique() > 1
-    pd.testing.assert_frame_equal(a, b, check_exact=False, atol=1e-5, rtol=1e-4)
+    assert_same_rows(a, b)

@@ -1,6 +1,8 @@
 """Ablation effects on next-token distributions and generation diffs."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 import torch
@@ -10,6 +12,7 @@ from analysis.effects import ablation_effects, first_divergence, generation_diff
 from core_models import Ablation
 from core_models.generate import generate
 from tiny_models import tiny_model
+from tolerances import EPS32, assert_close_to_scale
 
 
 def test_ablation_effects_by_hand():
@@ -23,15 +26,20 @@ def test_ablation_effects_by_hand():
         q = torch.softmax(model(x, ablation=ab).logits, -1)
     for (b, t), row in df.set_index([C.BATCH, C.POSITION]).iterrows():
         kl = float(sum(p[b, t, v] * (torch.log(p[b, t, v]) - torch.log(q[b, t, v])) for v in range(97)))
-        assert row[C.KL] == pytest.approx(kl, abs=1e-5)
+        # KL sums p (log p - log q): its rounding is eps of sum p (|log p| + |log q|), not of the KL itself
+        size = float((p[b, t] * (p[b, t].log().abs() + q[b, t].log().abs())).sum())
+        assert_close_to_scale(row[C.KL], kl, 16, scale=size, msg=f"KL at {b}, {t}")
+        assert row[C.KL] >= -16 * EPS32 * size  # non-negative up to that rounding
         top = int(p[b, t].argmax())
         assert row[C.BASE_TOP] == top and row[C.ABLATED_TOP] == int(q[b, t].argmax())
         assert row[C.FLIPPED] == (top != int(q[b, t].argmax()))
         assert row[C.BASE_PROB] == pytest.approx(float(p[b, t, top]), rel=1e-5)
         assert row[C.ABLATED_PROB] == pytest.approx(float(q[b, t, top]), rel=1e-5)
         assert row[C.TOKEN_ID] == int(x[b, t])
-    assert (df[C.KL] >= -1e-6).all() and df[C.KL].max() > 0
-    assert ablation_effects(model, x[0].tolist(), Ablation())[C.KL].abs().max() < 1e-6
+    assert df[C.KL].max() > 0
+    # identical distributions: KL 0 up to the rounding above, whose size 2 H(p) is at most 2 log(vocab)
+    same = ablation_effects(model, x[0].tolist(), Ablation())[C.KL]
+    assert same.abs().max() <= 16 * EPS32 * 2 * math.log(97)
 
 
 def test_generation_diff_alignment():

@@ -5,6 +5,8 @@ import torch
 from core_models import Ablation, build_model, from_name, tracing
 from core_models.training.compose import compose
 
+from tolerances import FORWARD_EPS, assert_close_to_scale
+
 
 def _path(seed):
     torch.manual_seed(seed)
@@ -25,7 +27,7 @@ def test_composed_model_with_other_path_dropped_reproduces_each_path(combiner):
             h = path.embed(idx)  # the path model's own hidden states, block by block
             for i, block in enumerate(path.blocks):
                 h = block(h)
-                torch.testing.assert_close(tr[f"parallel.{i}.paths.{j}.out"], h, atol=1e-5, rtol=1e-5)
+                assert_close_to_scale(tr[f"parallel.{i}.paths.{j}.out"], h, FORWARD_EPS, msg=f"block {i}")
 
 
 def test_composition_concatenates_embeddings_and_checks_paths():
