@@ -1,7 +1,19 @@
 """PaPaformer (Tapaninaho & Oussalah, 2025): parallel paths of lower width between full layers.
 
-embed -> full blocks (d) -> shrink d->d' -> N parallel layers of k blocks (d') -> grow d'->d
+embed -> full blocks (d) -> shrink d->d' -> N parallel layers of k blocks (d') -> grow to d
       -> full blocks (d) -> norm -> head
+
+Presets follow the paper's Tables 2 and 6: N = 3 parallel layers of k = 2 paths (the reference
+train.py composes layers 1-3 from 3-layer path models). Paper-scale configuration and counts:
+paper_configs.py.
+
+Grow connection. Share-Linear (the paper's model, `fused_grow=True` in its preset): the last parallel
+layer's Share maps the concatenated path outputs k*d' -> d in one linear map, as the reference
+Paformer_lin.py does (`ParallelLayer(args_paraller, args.dim)`: Share = Linear(k*d', d)); with
+d = k*d' it can carry every path's output into the full-width stream unchanged. `fused_grow=False`
+(a k*d' -> d' Share, then d' -> d: a rank-d' bottleneck that is not the paper's model) is kept only so
+that checkpoints made with it still load. Gumbel v1/v2: the routed output is d' wide, so the last
+layer grows it d' -> d (the reference's `out_linear`).
 
 Combiners: `share_linear` (linear over the concatenated path outputs), `gumbel_v1` (router reads the
 combined representation), `gumbel_v2` (router reads the concatenation). Gumbel output is
@@ -60,7 +72,7 @@ class PapaformerConfig(BaseConfig):
     norm_eps: float = 1e-6
     pad_id: int = -1  # >= 0: tokens equal to pad_id are masked as attention keys
     parallel_residual: bool = False  # x + combined instead of combined (the paper has none)
-    fused_grow: bool = False  # Share-Linear: last combiner maps k*d' -> d directly (reference)
+    fused_grow: bool = False  # Share-Linear: last Share maps k*d' -> d (the paper's; False: rank-d' legacy)
     router_bias: bool = True
 
     def validate(self) -> None:

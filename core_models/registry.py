@@ -26,9 +26,10 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-geglu": ("llama", dict(d_model=128, n_layers=4, n_heads=4, ffn="geglu")),
     "pagmlp": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn="pagmlp", pagmlp_dropout=0.1)),
     "path": ("llama", dict(d_model=64, n_layers=3, n_heads=2, n_kv_heads=2, ffn="swiglu", ffn_hidden=256)),
-    "papaformer-share-linear": ("papaformer", dict(combiner="share_linear")),
-    "papaformer-gumbel-v1": ("papaformer", dict(combiner="gumbel_v1")),
-    "papaformer-gumbel-v2": ("papaformer", dict(combiner="gumbel_v2")),
+    # N = 3 parallel layers (paper Tables 2 and 6); Share-Linear grows k*d' -> d in its last Share
+    "papaformer-share-linear": ("papaformer", dict(combiner="share_linear", n_parallel_layers=3, fused_grow=True)),
+    "papaformer-gumbel-v1": ("papaformer", dict(combiner="gumbel_v1", n_parallel_layers=3)),
+    "papaformer-gumbel-v2": ("papaformer", dict(combiner="gumbel_v2", n_parallel_layers=3)),
     "pgpt": ("pgpt", dict(d_model=128, n_layers=4, n_paths=2, n_heads=4)),
     "pgpt-sigmoid": ("pgpt", dict(d_model=128, n_layers=4, n_paths=2, n_heads=4, mix="sigmoid")),
     "lgpt": ("lgpt", dict(d_model=128, n_layers=4, n_heads=4, halve_every=2)),

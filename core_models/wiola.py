@@ -41,10 +41,12 @@ attn.out_gate [batch, pos, d]; dsff.gate / dsff.stream_a / dsff.stream_b [batch,
 atm.hidden [batch, pos, d], atm.adjacent_cos [batch, pos-1], atm.merge_map [batch, pos] (ATM
 blocks, when merging is on); out [batch, pos, d] block output (full length).
 
-Presets: wiola-360m uses d = 1024, d_B = 4096 (Table IV: stream B 8,388,608 and fusion gate
-2,097,152 parameters per layer), d_A = d. Sizes the paper does not give here are our choice:
-d_A = d and d_B = 4d everywhere, head dim 64, vocabulary 32000, context 2048, and depths chosen so
-the totals come near the names (see `wiola_component_counts`).
+Presets (Table III, as the authors' code lists it; Table IV's caption confirms wiola-360m's
+d = 1024, L = 16, V = 32000): d / L / H / H_kv = 768 / 12 / 12 / 4 (wiola-120m), 1024 / 16 / 16 / 4
+(wiola-360m), 1536 / 24 / 16 / 8 (wiola-700m), 2048 / 28 / 16 / 8 (wiola-1.5b); d_A = d, d_B = 4d,
+vocabulary 32000, context 2048. The built models count far from the size names (and wiola-360m
+from Table IV's stated 361M): `wiola_component_counts` gives what they have. Table IV's per-layer
+rows we could check (DSFF stream B 8,388,608, fusion gate 2,097,152) are equal.
 """
 from __future__ import annotations
 
@@ -324,12 +326,14 @@ def wiola_param_count(c: WiolaConfig) -> int:
     return wiola_component_counts(c)["total"]
 
 
+# Table III (the model family) as the authors' code lists it; Table IV's caption gives wiola-360m
+# d = 1024, L = 16, V = 32000. d_A = d and d_B = 4d in every size, context 2048.
 _PAPER = dict(vocab_size=32000, context=2048)
 registry.register_presets({
-    "wiola-120m": ("wiola", dict(_PAPER, d_model=768, n_layers=8, n_heads=12, n_kv_heads=4)),
-    "wiola-360m": ("wiola", dict(_PAPER, d_model=1024, n_layers=16, n_heads=16, n_kv_heads=4, d_b=4096)),
-    "wiola-700m": ("wiola", dict(_PAPER, d_model=1536, n_layers=14, n_heads=24, n_kv_heads=8)),
-    "wiola-1.5b": ("wiola", dict(_PAPER, d_model=2048, n_layers=18, n_heads=32, n_kv_heads=8)),
+    "wiola-120m": ("wiola", dict(_PAPER, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4)),
+    "wiola-360m": ("wiola", dict(_PAPER, d_model=1024, n_layers=16, n_heads=16, n_kv_heads=4)),
+    "wiola-700m": ("wiola", dict(_PAPER, d_model=1536, n_layers=24, n_heads=16, n_kv_heads=8)),
+    "wiola-1.5b": ("wiola", dict(_PAPER, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8)),
 })
 
 __all__ = ["Wiola", "WiolaConfig", "wiola_component_counts", "wiola_param_count"]

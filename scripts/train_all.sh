@@ -22,9 +22,28 @@ train() {  # name preset data steps [extra...]
 
 train path-story path story=1 700
 train path-math path math=1 700
+# PaPaformer: N = 3 parallel layers (the 3-layer paths), Share-Linear with the paper's k*d' -> d grow,
+# Gumbel aux terms on pi with the paper's signs. A checkpoint made before that (its config differs
+# from its preset, or a Gumbel run whose history has no aux terms) is rebuilt.
+papa_stale() {  # dir combiner -> status 0 if missing or stale
+  [ -f "$1/model.safetensors" ] || return 0
+  ${PY:-.venv/bin/python} - "$1" "$2" <<'PY'
+import json, sys
+from core_models.registry import PRESETS
+from core_models.routers import AUX_ENTROPY
+from core_models.training.compose import PRESETS as COMBINER_PRESET
+ck, comb = sys.argv[1], sys.argv[2]
+cfg = json.load(open(f"{ck}/config.json"))
+history = json.load(open(f"{ck}/training.json")).get("history") or [{}]
+changed = any(cfg.get(k) != v for k, v in PRESETS[COMBINER_PRESET[comb]][1].items())
+old_aux = comb != "share_linear" and f"train_aux_{AUX_ENTROPY}" not in history[-1]
+sys.exit(0 if changed or old_aux else 1)
+PY
+}
 for comb in share_linear gumbel_v1 gumbel_v2; do
   name=papaformer-${comb//_/-}
-  if [ ! -f "$OUT/$name/model.safetensors" ]; then
+  if papa_stale "$OUT/$name" "$comb"; then
+    rm -rf "$OUT/$name"
     $RS compose --paths "$OUT/path-story" "$OUT/path-math" --combiner "$comb" --out "$OUT/.composed-$comb"
     train "$name" "$name" story=0.5,math=0.5 300 --init-from "$OUT/.composed-$comb" --lr 1e-3
     rm -rf "$OUT/.composed-$comb"

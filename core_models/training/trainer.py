@@ -193,7 +193,9 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
         last = step == c.steps or (c.max_minutes and elapsed > 60 * c.max_minutes)
         if step % c.eval_every == 0 or last:
             losses = evaluate(model, val)
-            meta["history"].append({"step": step, "train_loss": loss.item(), **{f"val_{k}": v for k, v in losses.items()}})
+            aux = {f"train_aux_{k}": v.item() for k, v in res.aux.items()}  # unweighted routing terms
+            meta["history"].append({"step": step, "train_loss": loss.item(), **aux,
+                                    **{f"val_{k}": v for k, v in losses.items()}})
             log.info("step %d val %s", step, losses)
             meta.update(step=step, docs_done=stream.docs_done, leftover=stream.buffer, elapsed=elapsed)
             _save_state(state_dir, model, opt, meta)

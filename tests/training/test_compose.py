@@ -41,3 +41,21 @@ def test_composition_concatenates_embeddings_and_checks_paths():
                                  ffn_hidden=128, context=32))
     with pytest.raises(ValueError, match="d_model"):
         compose([paths[0], wide], "share_linear")
+
+
+def test_share_linear_composition_grows_to_the_concatenation_of_the_paths():
+    """The paper's grow connection: the last Share maps k*d' -> d; composed, it starts as the
+    identity, so the full-width stream gets [path 0 | path 1] (aligned with the embeddings)."""
+    paths = [_path(1), _path(2)]
+    model = compose(paths, "share_linear", n_large_pre=0)
+    c, last = model.config, model.parallel[-1]
+    assert c.fused_grow and c.n_parallel_layers == 3 and last.grow is None
+    assert tuple(last.combine.weight.shape) == (c.d_model, c.n_paths * c.d_par) == (32, 32)
+    idx = torch.randint(0, 97, (2, 10))
+    with tracing() as tr, torch.no_grad():
+        model(idx)
+        model(idx, ablation=Ablation(drop=(("parallel.2", 1),)))
+    out, outs = tr.steps("parallel.2.out"), [tr.steps(f"parallel.2.paths.{j}.out") for j in range(2)]
+    # exact: an identity matmul multiplies by 1.0 and adds 0.0
+    assert torch.equal(out[0], torch.cat([outs[0][0], outs[1][0]], -1))
+    assert torch.equal(out[1][..., :16], outs[0][1]) and torch.equal(out[1][..., 16:], torch.zeros(2, 10, 16))
