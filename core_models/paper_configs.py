@@ -76,6 +76,25 @@ PAPER_CONFIGS += [
         counts=(PaperCount("total", 36.4e6, "ParallelGPT paper, lgpt size (\"36.4M\")", rel_tol=0.05e6 / 36.4e6),)),
 ]
 
+# --- PaPaformer (Tapaninaho & Oussalah, 2025) ---------------------------------------------------
+# The paper's experimental model as its reference code builds it (train.py at commit 432925f,
+# ModelArgs_L / ModelArgs_P, Decoder in Paformer_lin.py / gumbel_moe.py / gumbel_moe_2.py):
+# vocabulary 50,278 (pad 50,277), d = 256 with 8 heads, d' = 128 with 4 heads, k = 2 paths,
+# N = n_layers + 1 = 3 parallel layers (Tables 2 and 6; train.py fills layers 1-3 from 3-layer
+# paths), one full block before and one after, context 256, untied head, and the reference block
+# (no attention output projection, SwiGLU with its beta, RMSNorm eps 1e-5, interleaved RoPE).
+# Table 2's stated totals are not entered here: this session could read the reference code but not
+# the paper's table (see the PaPaformer report). tests/models/test_papaformer.py asserts these
+# configurations against the reference code's own tensor inventory instead.
+_PAPA_PAPER = dict(vocab_size=50278, pad_id=50277, d_model=256, n_heads=8, d_par=128, n_par_heads=4, n_paths=2,
+                   n_parallel_layers=3, n_large_pre=1, n_large_post=1, context=256, tie_embeddings=False,
+                   rope="interleaved", attn_out_proj=False, swiglu_beta=True, norm_eps=1e-5)
+PAPER_CONFIGS += [
+    PaperConfig(name=f"{preset} (paper)", preset=preset, overrides=dict(_PAPA_PAPER),
+                note="configuration of the reference train.py; Table 2 totals to be entered")
+    for preset in ("papaformer-share-linear", "papaformer-gumbel-v1", "papaformer-gumbel-v2")
+]
+
 # --- Wiola (Chowdhury, Shaik, Bhargavi & Kumar, arXiv 2607.01394) ---------------------------------
 # wiola-360m as Table IV's caption gives it (d = 1024, L = 16, V = 32000) with H = 16, H_kv = 4,
 # d_A = d, d_B = 4d, context 2048 (the authors' code). Only the two component rows quoted from

@@ -1,13 +1,22 @@
 """PaPaformer: auxiliary routing terms (sign, value, sites), the Share-Linear grow connection, and
 parameter counts at the paper's scale (meta device)."""
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
-from core_models import from_name, tracing
+from core_models import build_model, from_name, tracing
+from core_models.importers import papaformer_rule
+from core_models.paper_configs import PAPER_CONFIGS
+from core_models.registry import param_count
 from core_models.routers import AUX_BALANCE, AUX_ENTROPY
+from reference_forward import papaformer_keys
 from tiny_models import tiny_model
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "reference"
 
 
 def _h(p: torch.Tensor) -> torch.Tensor:
@@ -99,3 +108,74 @@ def test_aux_is_not_computed_at_inference_or_when_forced():
     model.train()
     out = model(_ids(), ablation=Ablation(force=(("*", 0),)))
     assert out.aux_loss is None
+
+
+# --- the paper's scale (meta device) --------------------------------------------------------------
+
+PAPER = {c.preset: c for c in PAPER_CONFIGS if c.preset.startswith("papaformer-")}
+VARIANT = {"papaformer-share-linear": "share_linear", "papaformer-gumbel-v1": "gumbel_v1",
+           "papaformer-gumbel-v2": "gumbel_v2"}
+
+
+def _reference_args(c):
+    """The reference's Decoder(args, args_paraller) hyper-parameters for a PapaformerConfig."""
+    args = dict(vocab_size=c.vocab_size, dim=c.d_model, n_layers=c.n_parallel_layers - 1, n_heads=c.n_heads)
+    return args, dict(dim=c.d_par, n_heads=c.n_par_heads, n_parallel_blocks=c.n_paths)
+
+
+def _meta_model(preset):
+    cfg = from_name(preset, **PAPER[preset].overrides)
+    with torch.device("meta"):
+        return build_model(cfg)
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"parity fixtures not found at {FIXTURES}")
+@pytest.mark.parametrize("name", ["papaformer_share_linear", "papaformer_gumbel_v1", "papaformer_gumbel_v2"])
+def test_reference_inventory_reproduces_the_fixture_tensors(name):
+    """papaformer_keys (written from the fixtures' layer map) is the reference code's state dict."""
+    cfg = json.loads((FIXTURES / name / "config.json").read_text())
+    with safe_open(FIXTURES / name / "weights.safetensors", "pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert papaformer_keys(cfg["args"], cfg["args_paraller"], name.split("_", 1)[1]) == shapes
+
+
+@pytest.mark.parametrize("preset", sorted(VARIANT))
+def test_paper_scale_model_is_the_reference_model(preset):
+    """At the paper's configuration our preset has exactly the reference code's tensors: every one of
+    ours maps (importer rules) to reference tensors of the same shapes, and together they cover all."""
+    model = _meta_model(preset)
+    c = model.config
+    assert c.n_parallel_layers == 3 and c.n_paths == 2 and (c.combiner == "share_linear") == c.fused_grow
+    args, par = _reference_args(c)
+    ref = papaformer_keys(args, par, VARIANT[preset])
+    used = {}
+    for key, t in model.state_dict().items():
+        rule = papaformer_rule(key, tuple(t.shape), c)
+        used.update(zip(rule.sources, rule.shapes))
+    assert used == ref
+    total = sum(math.prod(s) for s in ref.values())
+    assert model.num_params() == sum(p.numel() for p in model.parameters()) == param_count(c) == total
+
+
+def test_paper_scale_component_rows():
+    """Each component of the paper-scale Share-Linear model against its plain formula."""
+    model = _meta_model("papaformer-share-linear")
+    c = model.config
+    V, d, dp, k = c.vocab_size, c.d_model, c.d_par, c.n_paths
+    assert (V, d, dp, k) == (50278, 256, 128, 2)
+
+    def block(w):  # Q, K, V (no output projection), SwiGLU 3 * w * 4w + beta 4w, two RMSNorm weights
+        return 3 * w * w + 3 * w * 4 * w + 4 * w + 2 * w
+
+    def n(module):
+        return sum(p.numel() for p in module.parameters())
+
+    assert n(model.embed) == n(model.head) == V * d  # untied, as in the reference
+    assert n(model.large_pre) == n(model.large_post) == block(d)
+    assert n(model.shrink) == d * dp
+    for i, layer in enumerate(model.parallel):
+        assert n(layer.paths) == k * block(dp)
+        assert n(layer.combine) == k * dp * (d if i == c.n_parallel_layers - 1 else dp)  # last Share grows to d
+    paths = c.n_parallel_layers * k * block(dp)
+    shares = (c.n_parallel_layers - 1) * k * dp * dp + k * dp * d
+    assert model.num_params() == 2 * V * d + 2 * block(d) + d * dp + paths + shares + d  # + final norm
