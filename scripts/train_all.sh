@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuild every shipped checkpoint in checkpoints/ (about 90 minutes on 2 quiet CPU cores;
-# each run stops at a step boundary after --max-minutes).
+# each run stops at a step boundary after MAX_MINUTES, default 8: raise it on a busy machine).
 # Each run's exact command is recorded in its model card; STEPS_SCALE=0.1 makes a quick dry run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ steps() { python3 -c "print(max(10, int($1 * $SCALE)))"; }
 mkdir -p "$OUT"
 [ -f "$OUT/tokenizer.json" ] || $RS tokenizer --out "$OUT/tokenizer.json"
 TOK="$OUT/tokenizer.json"
-common=(--tokenizer "$TOK" --batch-size 16 --seq-len 256 --eval-every 100 --max-minutes 8 --quiet)
+common=(--tokenizer "$TOK" --batch-size 16 --seq-len 256 --eval-every 100 --max-minutes "${MAX_MINUTES:-8}" --quiet)
 
 train() {  # name preset data steps [extra...]
   local name=$1 preset=$2 data=$3 n; n=$(steps "$4"); shift 4
