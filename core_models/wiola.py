@@ -1,5 +1,5 @@
-"""Wiola (one of RouteScope's seed papers): a small LM built from SRPE, GCLA, ATM, DSFF and
-WiolaRMSNorm (parts in `wiola_parts.py`).
+"""Wiola (Chowdhury, Shaik, Bhargavi & Kumar 2026, arXiv:2607.01394): a small LM built from SRPE,
+GCLA, ATM, DSFF and WiolaRMSNorm (parts in `wiola_parts.py`).
 
 embed -> n blocks -> WiolaRMSNorm -> head (tied to the embedding)
 block i:  h   = x + GCLA_i(norm_1(x), summaries of the outputs of blocks i-Lambda .. i-1)
@@ -14,7 +14,7 @@ GCLA (gated cross-layer attention, Sec. VII, eqs. 24-29), per head h before the 
   A      = (sigmoid(W_G x) * concat_h O) W_O,  x the normalised block input
 summary_j[t] = mean(out_j[0..t]), a causal running mean (block 1 sees one summary; block 0 none and
 has no cross-attention parameters). With a KV cache the running sums live in
-`cache.extra["blocks.{j}.gcla.running_sum"]` ((B, d), float32), so decoding equals recomputation.
+`cache.extra["blocks.{j}.summary.running_sum"]` ((B, d), float32), so decoding equals recomputation.
 The equations are those of the authors' code (PyPI `wiola` 0.1.1, which cites the paper's
 sections); the paper's own text was not available to us.
 
@@ -36,10 +36,26 @@ groups; `blocks.{i}.atm.merge_map` maps back); every other site is full length.
 Ablations: routing layers `blocks.{i}.dsff`, options 0 = stream A, 1 = stream B (semantics in
 `DualStreamFFN`).
 
-Sites (per block i): attn.gcla_beta [] beta; attn.cross.weights [batch, pos, heads, n_prev];
-attn.out_gate [batch, pos, d]; dsff.gate / dsff.stream_a / dsff.stream_b [batch, pos, d];
-atm.hidden [batch, pos, d], atm.adjacent_cos [batch, pos-1], atm.merge_map [batch, pos] (ATM
-blocks, when merging is on); out [batch, pos, d] block output (full length).
+Sites (per block i; in an ATM block the attn.* sites record merged groups, see above):
+  attn.self_out [batch, pos, heads, head_dim]   O_self per head (before the blend)
+  attn.cross_out [batch, pos, heads, head_dim]  O_ctx per head (blocks with cross-attention)
+  attn.cross.weights [batch, pos, heads, n_prev] softmax over the previous layers' summaries
+  attn.gcla_beta []                             beta = sigmoid(phi)
+  attn.out_gate [batch, pos, d]                 sigmoid(W_G x)
+  attn_out [batch, pos, d]                      A, added to the residual; equals
+      ((1 - beta) out_gate * self_out) W_O + (beta out_gate * cross_out) W_O, so each term's
+      contribution can be read off
+  dsff.gate / dsff.stream_a / dsff.stream_b [batch, pos, d]
+  atm.hidden [batch, pos, d], atm.adjacent_cos [batch, pos-1], atm.merge_map [batch, pos]
+      (ATM blocks, when merging is on)
+  out [batch, pos, d]                           block output
+  summary [batch, pos, d]                       running mean of out over 0..pos (the layer summary
+      later blocks read; blocks 0 .. n-2 when gcla_lambda > 0)
+
+Where we differ from the authors' code (the paper's text does not settle these): block 0 has no
+context K/V or phi (their code builds them in every layer, unused in layer 0: 524,289 parameters at
+wiola-360m); a merged group sits at its first token's position (their code renumbers the merged
+sequence 0 .. T'-1); SRPE tables are computed in float64 (theirs in float32).
 
 Presets (Table III, as the authors' code lists it; Table IV's caption confirms wiola-360m's
 d = 1024, L = 16, V = 32000): d / L / H / H_kv = 768 / 12 / 12 / 4 (wiola-120m), 1024 / 16 / 16 / 4
@@ -187,14 +203,18 @@ class GatedCrossLayerAttention(nn.Module):
         self.gcla_beta = Site("[] beta = sigmoid(phi), weight of the cross-layer attention",
                               pos_axis=None) if has_cross else None
         self.out_gate = Site("[batch, pos, d] output gate sigmoid(W_G x), applied before W_O")
+        self.self_out = Site("[batch, pos, heads, head_dim] self-attention output O_self per head")
+        self.cross_out = Site("[batch, pos, heads, head_dim] cross-layer attention output O_ctx per head"
+                              ) if has_cross else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
                 pad_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
         o, q = self.self_attn(x, positions, pad_mask)  # (B, T, H, hd) each
+        o = self.self_out(o)
         if self.cross is not None and summaries is not None:
             beta = self.gcla_beta(torch.sigmoid(self.phi))  # ()
-            o = (1 - beta) * o + beta * self.cross(q, summaries)
+            o = (1 - beta) * o + beta * self.cross_out(self.cross(q, summaries))
         g = self.out_gate(torch.sigmoid(self.gate(x)))  # (B, T, H * hd)
         return self.proj(g * o.reshape(B, T, -1))  # (B, T, d)
 
@@ -210,6 +230,9 @@ class WiolaBlock(nn.Module):
         self.attn_out = Site("[batch, pos, d] GCLA output added to each token's residual (full length: in an "
                              "ATM block each group's output restored to every position of the group)")
         self.out = Site("[batch, pos, d] block output")
+        # later blocks cross-attend to this block's summaries (none after the last block)
+        self.summary = Site("[batch, pos, d] layer summary: running mean of the block output over "
+                            "positions 0..pos") if c.gcla_lambda > 0 and i < c.n_layers - 1 else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
                 pad_mask: torch.Tensor | None, atm_tau: float | None) -> torch.Tensor:
@@ -230,6 +253,18 @@ class WiolaBlock(nn.Module):
         ctx = None if summaries is None else take_positions(summaries, last_positions(groups, G))  # (B, G, L, d)
         y = self.attn(merge_groups(n, groups, G), first_positions(groups, G), ctx, pad)  # (B, G, d)
         return restore_groups(y, groups)  # (B, T, d)
+
+    def summarise(self, out: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:
+        """Causal running mean over positions, s[t] = mean(out[0..t]) (B, T, d), continued across
+        cached calls: the running sum lives in cache.extra under this site's name."""
+        s = out.float().cumsum(dim=1)  # (B, T, d)
+        if cache is not None:
+            key = f"{self.summary.name}.running_sum"
+            if key in cache.extra:
+                s = s + cache.extra[key][:, None]
+            cache.extra[key] = s[:, -1]  # (B, d)
+        n = torch.arange(start + 1, start + out.shape[1] + 1, device=out.device, dtype=torch.float32)
+        return self.summary((s / n[:, None]).type_as(out))
 
 
 class Wiola(RouteScopeLM):
@@ -276,25 +311,13 @@ class Wiola(RouteScopeLM):
         start = st.cache.pos if st.cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)[None]  # (1, T)
         x = self.embed(idx)  # (B, T, d)
-        prev: list[torch.Tensor] = []  # running-mean summaries of the last Lambda block outputs, (B, T, d)
-        for i, block in enumerate(self.blocks):
+        prev: list[torch.Tensor] = []  # summaries of the last Lambda block outputs, (B, T, d) each
+        for block in self.blocks:
             summaries = torch.stack(prev, dim=2) if prev and block.attn.cross is not None else None  # (B, T, L, d)
             x = block(x, positions, summaries, st.pad_mask, tau)
-            if c.gcla_lambda and i < c.n_layers - 1:
-                prev = (prev + [self._summary(x, i, st.cache, start)])[-c.gcla_lambda:]
+            if block.summary is not None:
+                prev = (prev + [block.summarise(x, st.cache, start)])[-c.gcla_lambda:]
         return self.head(self.norm(x)).float()  # (B, T, V)
-
-    @staticmethod
-    def _summary(h: torch.Tensor, i: int, cache: KVCache | None, start: int) -> torch.Tensor:
-        """Causal running mean over positions: s[t] = mean(h[0..t]), continued across cached calls."""
-        s = h.float().cumsum(dim=1)  # (B, T, d)
-        if cache is not None:
-            key = f"blocks.{i}.gcla.running_sum"
-            if key in cache.extra:
-                s = s + cache.extra[key][:, None]
-            cache.extra[key] = s[:, -1]  # (B, d)
-        n = torch.arange(start + 1, start + h.shape[1] + 1, device=h.device, dtype=torch.float32)
-        return (s / n[:, None]).type_as(h)
 
 
 def wiola_component_counts(c: WiolaConfig) -> dict[str, int]:

@@ -33,15 +33,47 @@ def test_output_and_site_shapes(model):
     with torch.no_grad(), tracing() as tr:
         out = model(ids(B, T))
     assert out.logits.shape == (B, T, TINY["vocab_size"])
-    d, H = TINY["d_model"], TINY["n_heads"]
-    for i in range(TINY["n_layers"]):
-        for s in ("gate", "stream_a", "stream_b"):
-            assert tr[f"blocks.{i}.dsff.{s}"].shape == (B, T, d)
-        assert tr[f"blocks.{i}.out"].shape == (B, T, d)
+    d, H, hd, n = TINY["d_model"], TINY["n_heads"], TINY["d_model"] // TINY["n_heads"], TINY["n_layers"]
+    for i in range(n):
+        for s in ("dsff.gate", "dsff.stream_a", "dsff.stream_b", "out", "attn_out", "attn.out_gate"):
+            assert tr[f"blocks.{i}.{s}"].shape == (B, T, d), s
+        assert tr[f"blocks.{i}.attn.self_out"].shape == (B, T, H, hd)
+        assert (f"blocks.{i}.summary" in tr) == (i < n - 1)  # the last block's summary is never read
+        if i < n - 1:
+            assert tr[f"blocks.{i}.summary"].shape == (B, T, d)
+        assert (f"blocks.{i}.attn.cross_out" in tr) == (i > 0)  # block 0 has no earlier layer
         if i > 0:
+            assert tr[f"blocks.{i}.attn.cross_out"].shape == (B, T, H, hd)
             assert tr[f"blocks.{i}.attn.gcla_beta"].shape == ()
             assert tr[f"blocks.{i}.attn.cross.weights"].shape == (B, T, H, min(i, 2))
     assert not any(".atm." in n for n in tr.names())  # ATM off at inference by default
+    with torch.no_grad(), tracing() as tr:
+        model(ids(B, T, seed=9), atm=True, atm_tau=0.0)
+    G = int(tr["blocks.2.atm.merge_map"].max()) + 1  # attention sites of an ATM block: merged groups
+    assert G < T and tr["blocks.2.attn.self_out"].shape == (B, G, H, hd)
+    assert tr["blocks.2.attn.cross_out"].shape == (B, G, H, hd)
+    assert tr["blocks.2.attn_out"].shape == tr["blocks.2.summary"].shape == (B, T, d)
+
+
+def test_summaries_and_attention_contributions_by_independent_recomputation(model):
+    B, T = 2, 12
+    with torch.no_grad(), tracing() as tr:
+        model(ids(B, T, seed=10))
+    for i in range(TINY["n_layers"] - 1):
+        for b in range(B):
+            close_to_scale(tr[f"blocks.{i}.summary"][b], loop_running_mean(tr[f"blocks.{i}.out"][b]), rtol=1e-5)
+    for i in range(1, TINY["n_layers"]):
+        attn = model.blocks[i].attn
+        beta, gate = float(tr[f"blocks.{i}.attn.gcla_beta"]), tr[f"blocks.{i}.attn.out_gate"]
+        flat = lambda o: o.reshape(B, T, -1)  # noqa: E731
+        w_o = attn.proj.weight.detach()
+        self_part = ((1 - beta) * gate * flat(tr[f"blocks.{i}.attn.self_out"])) @ w_o.T
+        cross_part = (beta * gate * flat(tr[f"blocks.{i}.attn.cross_out"])) @ w_o.T
+        close_to_scale(tr[f"blocks.{i}.attn_out"], self_part + cross_part, rtol=1e-5)
+        x, out = tr[f"blocks.{i - 1}.out"], tr[f"blocks.{i}.out"]
+        with torch.no_grad():
+            h = x + tr[f"blocks.{i}.attn_out"]
+            close_to_scale(out, h + model.blocks[i].dsff(model.blocks[i].norm_2(h)), rtol=1e-5)
 
 
 def test_param_count_formula():
@@ -176,7 +208,7 @@ def test_cached_decoding_equals_full_recompute(model):
         for t in range(8, 24):
             steps.append(model(x[:, t:t + 1], cache=cache).logits)
     assert cache.pos == 24
-    assert "blocks.0.gcla.running_sum" in cache.extra
+    assert "blocks.0.summary.running_sum" in cache.extra
     assert_close_to_scale(torch.cat(steps, dim=1), full, FORWARD_EPS, msg="cached steps vs full recompute")
 
 
