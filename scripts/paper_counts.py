@@ -86,20 +86,21 @@ def all_rows(entries: list[PaperConfig] = PAPER_CONFIGS) -> list[Row]:
     return [row for entry in entries for row in entry_rows(entry)]
 
 
-def _millions(x: float) -> str:
-    return f"{x / 1e6:g}M"
+def _stated(x: float) -> str:
+    """As the paper writes it: exact counts with digit groups, rounded ones in millions."""
+    return f"{int(x):,}" if x == int(x) and x % 10_000 else f"{x / 1e6:g}M"
 
 
 def render(rows: list[Row]) -> str:
-    lines = [f"| {r.model} | {r.what} | {r.ours:,} ({_millions(round(r.ours, -4))}) | {_millions(r.stated)} "
-             f"| {r.source} | {r.rel_diff:+.2%} | {'yes' if r.within else 'NO'} |" for r in rows]
+    lines = [f"| {r.model} | {r.what} | {r.ours:,} ({r.ours / 1e6:.2f}M) | {_stated(r.stated)} "
+             f"| {r.source} | {r.rel_diff:+.3%} | {'yes' if r.within else 'NO'} |" for r in rows]
     return HEADER + "\n".join(lines) + ("\n" if lines else "")
 
 
 def splice(readme: str, table: str) -> str:
     """README text with the part between the markers replaced by `table`."""
     if readme.count(START) != 1 or readme.count(END) != 1 or readme.index(START) > readme.index(END):
-        raise PaperCountError(f"README.md: expected one {START} line followed by one {END} line")
+        raise PaperCountError(f"expected one {START} line followed by one {END} line")
     head, rest = readme.split(START)
     _, tail = rest.split(END)
     return f"{head}{START}\n{table}{END}{tail}"
@@ -114,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = all_rows()
         readme = args.readme.read_text()
         new = splice(readme, render(rows))
-    except (PaperCountError, OSError) as e:
-        print(f"paper_counts: {e}", file=sys.stderr)
+    except PaperCountError as e:
+        where = f"{args.readme}: " if "paper-counts" in str(e) else ""
+        print(f"paper_counts: {where}{e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"paper_counts: {args.readme}: {e.strerror or e}", file=sys.stderr)
         return 2
     if args.check:
         if new != readme:
