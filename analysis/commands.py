@@ -19,11 +19,14 @@ import argparse
 import csv
 import json
 import logging
+import os
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
+from . import cliargs as A
 from . import columns as C
 
 log = logging.getLogger(__name__)
@@ -45,10 +48,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="output .csv or .parquet (repeat to write both)")
     e.add_argument("--drop", action="append", default=[], help="OPTION or LAYER:OPTION, repeatable")
     e.add_argument("--force", action="append", default=[], help="LAYER:OPTION, repeatable")
-    e.add_argument("--max-new-tokens", type=int, default=0, help="greedy continuation length (0: prompt only)")
-    e.add_argument("--seed", type=int, default=0, help="routing seed (sampled routing)")
+    e.add_argument("--max-new-tokens", type=A.nonnegative_int, default=0,
+                   help="greedy continuation length (0: prompt only)")
+    e.add_argument("--seed", type=A.seed, default=0, help="routing seed (sampled routing)")
     e.add_argument("--routing", choices=("deterministic", "sampled"), default="deterministic")
-    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--batch-size", type=A.positive_int, default=8)
     e.add_argument("--shard", metavar="i/n", help="only prompts with index %% n == i (0-based)")
     e.add_argument("--atm", action="store_true", help="Wiola: merge tokens (ATM) in the prompt pass")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -61,6 +65,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--majority", action="store_true", help="majority route over the prompt's tokens "
                                                            "(default: route at the last prompt token)")
     r.add_argument("--json", action="store_true")
+    r.add_argument("--batch-size", type=A.positive_int, default=32, help="probes per forward (padded batches)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_routes)
 
     a = subparsers.add_parser("attribute", help="attribute a next-token log-prob to tokens or routing options")
@@ -72,11 +78,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     tok.add_argument("--token-id", type=int, metavar="ID", help="target token id")
     a.add_argument("--method", choices=("ig", "ablation", "shapley"), default="ig")
     a.add_argument("--baseline", choices=("pad", "zeros"), default="pad", help="ig baseline embedding")
-    a.add_argument("--n-steps", type=int, default=64, help="ig integration steps")
-    a.add_argument("--n-samples", type=int, default=25, help="shapley permutations")
+    a.add_argument("--n-steps", type=A.positive_int, default=64, help="ig integration steps")
+    a.add_argument("--n-samples", type=A.positive_int, default=25, help="shapley permutations")
     a.add_argument("--scope", choices=("layer", "global"), default="layer",
                    help="paths per (layer, option) or per option index across layers")
-    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--seed", type=A.seed, default=0)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_attribute)
 
@@ -205,10 +211,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     for out in args.out:
         export_format(out)  # fail on a bad suffix before loading anything
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size {args.batch_size}: must be >= 1")
-    if args.max_new_tokens < 0:
-        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: must be >= 0")
     if args.atm and args.max_new_tokens:
         raise ValueError("--atm needs --max-new-tokens 0: token merging cannot run with the KV cache of generation")
     i, n = parse_shard(args.shard)
@@ -251,38 +253,160 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 # --- routes (Table 6) --------------------------------------------------------------------------
 
-def cmd_routes(args: argparse.Namespace) -> int:
+@dataclass
+class _ProbeScan:
+    """What a first pass over a probe file learns: every row checked, the count, the widest cell per
+    column (the text table's layout), the paper's route tally."""
+
+    n: int = 0
+    widest: dict[str, str] = field(default_factory=dict)
+    max_expected: int = 1
+    paper: Any = None  # domain.RouteTally of the paper column for this combiner, if the file has one
+    stamp: tuple[int, int] = (0, 0)  # (size, mtime_ns): the file must not change between passes
+
+
+def _file_stamp(path: str | Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def _scan_probes(source: str | Path, model: Any, tok: Any) -> _ProbeScan:
+    """Pass 1 of `routes`: check every probe before any is run (file rules of domain.iter_probes,
+    expected_path within the checkpoint's paths, paper routes parse, prompts encode to tokens)."""
+    import numpy as np
+
+    from analysis import domain as D
+
+    cfg, name = model.config, D.probe_source_name(source)
+    scan = _ProbeScan(stamp=_file_stamp(source))
+    col = D.paper_column(cfg)
+    for p in D.iter_probes(source):
+        problem = D.expected_path_error(p.expected_path, cfg.n_paths)
+        if problem:
+            raise ValueError(f"{name}: line {p.line}: {problem}")
+        if not tok.encode(p.prompt).ids:
+            raise ValueError(f"{name}: line {p.line}: probe {p.prompt_id}: the prompt encodes to no tokens")
+        cells = {"prompt_id": p.prompt_id, "domain": p.domain, "prompt": p.prompt}
+        if col in p.cells:
+            route = D.parse_route(p.cells[col])
+            if route is None:
+                raise ValueError(f"{name}: line {p.line}: {col} = {p.cells[col]!r} is not a route like 2>2>1")
+            if scan.paper is None:
+                scan.paper = D.RouteTally()
+            scan.paper.add(np.array([route]), np.array([p.expected_path]))
+            cells["paper"] = D.format_routes(route)
+        for k, v in cells.items():
+            if len(v) > len(scan.widest.get(k, "")):
+                scan.widest[k] = v
+        scan.max_expected = max(scan.max_expected, p.expected_path)
+        scan.n += 1
+    return scan
+
+
+def _probe_rows(source: str | Path, scan: _ProbeScan, routes: Any) -> Iterator[tuple[Any, list[int]]]:
+    """Pass 3: the probes again, each with its routes (0 = undefined), checking the file is unchanged."""
+    from analysis import domain as D
+
+    if _file_stamp(source) != scan.stamp:
+        raise ValueError(f"{source}: the probe file changed while the probes ran; run routes again")
+    for k, p in enumerate(D.iter_probes(source)):
+        yield p, routes[k].tolist()
+
+
+def _table_widths(scan: _ProbeScan, routes: Any, has_paper: bool) -> dict[str, int]:
+    """Column widths of the routes table: pandas' layout of the widest cell of each column, so
+    every chunk of rows prints aligned as the table printed whole."""
+    import numpy as np
+    import pandas as pd
+
+    chars = np.array([1] + [len(str(v)) for v in range(1, int(routes.max(initial=0)) + 1)])  # 0 prints "?"
+    ours = "9" * int(chars[routes].sum(axis=1).max() + routes.shape[1] - 1)
+    widest = {"prompt_id": scan.widest["prompt_id"], "domain": scan.widest["domain"],
+              "expected": pd.array([scan.max_expected], dtype="int64"), "ours": ours,
+              **({"paper": scan.widest["paper"]} if has_paper else {}), "prompt": scan.widest["prompt"]}
+    return {c: len(pd.DataFrame({c: v if c == "expected" else [v]}).to_string(index=False).splitlines()[0])
+            for c, v in widest.items()}
+
+
+def _write_table(rows: Iterable[tuple[Any, list[int]]], widths: dict[str, int], paper_col: str | None,
+                 chunk: int = 1024) -> None:
+    """The routes table, `chunk` rows at a time, laid out as pandas prints it whole."""
     import pandas as pd
 
     from analysis import domain as D
 
-    probes = D.read_probes(args.probes or D.DEFAULT_PROBES)
+    def flush(buf: list, header: bool) -> None:
+        df = pd.DataFrame(buf, columns=list(widths)).astype({"expected": "int64"})
+        sys.stdout.write(df.to_string(index=False, header=header, col_space=widths) + "\n")
+
+    buf, first = [], True
+    for p, r in rows:
+        paper = [D.format_routes(D.parse_route(p.cells[paper_col]))] if paper_col else []
+        buf.append([p.prompt_id, p.domain, p.expected_path, D.format_routes([x or None for x in r]), *paper, p.prompt])
+        if len(buf) == chunk:
+            flush(buf, first)
+            buf, first = [], False
+    if buf:
+        flush(buf, first)
+
+
+def _dump_json_streamed(doc: dict, key: str, items: Iterable[Any]) -> None:
+    """json.dump(doc with doc[key] = list(items), sys.stdout, indent=1, ensure_ascii=False), writing
+    the items one by one. doc[key] must hold None as a placeholder."""
+    text = json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False)
+    slot = f"\n {json.dumps(key)}: null"  # unique: quotes inside strings are escaped
+    head, _, tail = text.partition(slot)
+    sys.stdout.write(head + slot.removesuffix("null") + "[")
+    n = 0
+    for item in items:
+        body = json.dumps(item, ensure_ascii=False, indent=1, allow_nan=False).replace("\n", "\n  ")
+        sys.stdout.write(("," if n else "") + "\n  " + body)
+        n += 1
+    sys.stdout.write(("\n ]" if n else "]") + tail + "\n")
+
+
+def cmd_routes(args: argparse.Namespace) -> int:
+    """Three passes over the probe file, so memory does not grow with it beyond a few bytes per
+    probe: check every row, route them (batched, with a progress bar), print the table."""
+    import numpy as np
+    import pandas as pd
+    from tqdm import tqdm
+
+    from analysis import domain as D
+
+    source = args.probes or D.DEFAULT_PROBES
     model, tok = _load(args.checkpoint)
     _need_tokenizer(tok, args.checkpoint)
     cfg = model.config
     D._check(cfg)
-    ours = D.probe_routes(model, tok, probes, majority=args.majority)
-    paper = D.paper_routes(probes, cfg.combiner)
-    table = D.table6(ours, probes, paper)
+    scan = _scan_probes(source, model, tok)
+    routes = np.zeros((scan.n, cfg.n_parallel_layers), dtype=np.min_scalar_type(cfg.n_paths + 1))
+    tally, k = D.RouteTally(), 0
+    with tqdm(total=scan.n, desc="routes", unit="probe", disable=True if args.quiet else None) as bar:
+        for chunk, r in D.stream_routes(model, tok, D.iter_probes(source), majority=args.majority,
+                                        batch_size=args.batch_size):
+            routes[k:k + len(chunk)] = r
+            tally.add(r, np.array([p.expected_path for p in chunk]))
+            k += len(chunk)
+            bar.update(len(chunk))
     combined = cfg.combiner != "share_linear"
-    summ = D.route_summary(ours, cfg.n_paths, combined=combined)
-    if paper is not None:
-        summ = pd.concat([summ, D.route_summary(paper, D.PAPER_N_PATHS, combined=combined, source="paper")],
+    summ = tally.summary(cfg.n_paths, combined=combined)
+    if scan.paper is not None:
+        summ = pd.concat([summ, scan.paper.summary(D.PAPER_N_PATHS, combined=combined, source="paper")],
                          ignore_index=True)
+    paper_col = D.paper_column(cfg) if scan.paper is not None else None
+    rows = _probe_rows(source, scan, routes)
     if args.json:
-        per_layer = {pid: g[C.ROUTE].tolist() for pid, g in ours.groupby(C.PROMPT_ID, sort=False)}
-        doc = {
-            "checkpoint": args.checkpoint, "combiner": cfg.combiner, "n_parallel_layers": cfg.n_parallel_layers,
-            "route_at": "majority" if args.majority else "last prompt token",
-            "prompts": [{"prompt_id": r[C.PROMPT_ID], "domain": r[C.DOMAIN], "expected_path": int(r[C.EXPECTED_PATH]),
-                         "prompt": r[C.PROMPT], "routes": [None if pd.isna(x) else int(x) for x in per_layer[r[C.PROMPT_ID]]],
-                         "route": r[C.ROUTES], **({"paper": r[C.PAPER_ROUTES]} if paper is not None else {})}
-                        for _, r in table.iterrows()],
-            **{src: {m: (None if pd.isna(v) else float(v)) for m, v in zip(g[C.METRIC], g[C.VALUE])}
-               for src, g in summ.groupby(C.SOURCE, sort=False)},
-        }
-        json.dump(doc, sys.stdout, ensure_ascii=False, indent=1)
-        sys.stdout.write("\n")
+        def item(p, r):
+            paper = {"paper": D.format_routes(D.parse_route(p.cells[paper_col]))} if paper_col else {}
+            return {"prompt_id": p.prompt_id, "domain": p.domain, "expected_path": p.expected_path, "prompt": p.prompt,
+                    "routes": [x or None for x in r], "route": D.format_routes([x or None for x in r]), **paper}
+
+        doc = {"checkpoint": args.checkpoint, "combiner": cfg.combiner, "n_parallel_layers": cfg.n_parallel_layers,
+               "route_at": "majority" if args.majority else "last prompt token", "prompts": None,
+               **{src: {m: (None if pd.isna(v) else float(v)) for m, v in zip(g[C.METRIC], g[C.VALUE])}
+                  for src, g in summ.groupby(C.SOURCE, sort=False)}}
+        _dump_json_streamed(doc, "prompts", (item(p, r) for p, r in rows))
         return 0
     at = "majority over tokens" if args.majority else "last prompt token"
     k = cfg.n_paths
@@ -290,12 +414,11 @@ def cmd_routes(args: argparse.Namespace) -> int:
               else f"route = the path (1..{k}) whose output has the highest cosine with the combined output")
     sys.stdout.write(f"Table 6 routes: {cfg.combiner}, {cfg.n_parallel_layers} parallel layers, route at the {at}\n"
                      f"({legend})\n")
-    if paper is not None and k != D.PAPER_N_PATHS:
+    if paper_col and k != D.PAPER_N_PATHS:
         sys.stdout.write(f"note: the paper's models have {D.PAPER_N_PATHS} paths (3 = combined); this one has {k}\n")
     sys.stdout.write("\n")
-    cols = [C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.ROUTES] + ([C.PAPER_ROUTES] if paper is not None else []) + [C.PROMPT]
-    sys.stdout.write(table[cols].rename(columns={C.EXPECTED_PATH: "expected", C.ROUTES: "ours",
-                                                 C.PAPER_ROUTES: "paper"}).to_string(index=False) + "\n\n")
+    _write_table(rows, _table_widths(scan, routes, paper_col is not None), paper_col)
+    sys.stdout.write("\n")
     for src, g in summ.groupby(C.SOURCE, sort=False):
         vals = dict(zip(g[C.METRIC], g[C.VALUE]))
         shares = "  ".join(f"{m} {vals[m]:.1%}" for m in vals if m.startswith("path") or m == "combined")

@@ -18,10 +18,9 @@ this gives Gumbel v1 48.3 / 50.0 / 1.7 % and accuracy 40.0 % (paper: 48/50/2, 40
 """
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,33 +37,123 @@ DEFAULT_PROBES = Path(__file__).parent / "data" / "table6_probes.tsv"
 PAPER_N_PATHS = 2  # the paper's models: routes 1, 2 = paths, 3 = combined (Gumbel)
 
 
-def read_probes(path: str | os.PathLike = DEFAULT_PROBES) -> pd.DataFrame:
-    """Read and check a probe TSV; ValueError naming missing or unknown columns and bad rows."""
-    try:
-        df = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, quoting=csv.QUOTE_NONE)
-    except pd.errors.EmptyDataError:
-        raise ValueError(f"{path}: empty probe file; expected a header with {', '.join(REQUIRED)}") from None
-    cols = [str(c) for c in df.columns]
-    missing = [c for c in REQUIRED if c not in cols]
-    unknown = [c for c in cols if c not in REQUIRED and not c.startswith(PAPER_PREFIX)]
-    if missing or unknown:
+class Probe(NamedTuple):
+    """One row of a probe file."""
+
+    line: int  # 1-based line number in the file
+    prompt_id: str
+    domain: str
+    expected_path: int
+    prompt: str
+    cells: dict[str, str]  # every column of the row by header name (paper_* columns included)
+
+
+def probe_source_name(source: str | os.PathLike | IO) -> str:
+    """How messages name a probe source: its path, or "the probe file" for an unnamed stream."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    name = getattr(source, "name", None)
+    return name if isinstance(name, str) else "the probe file"
+
+
+def _probe_lines(source: str | os.PathLike | IO, name: str) -> Iterator[tuple[int, str]]:
+    """(line number, text without its line end) of a path or an open text/binary stream. Bytes are
+    decoded as UTF-8 line by line, so a bad byte is reported with its line and byte offset."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            raise ValueError(f"{name}: is a directory, not a probe file")
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise ValueError(f"{name}: no such probe file") from None
+        except OSError as e:
+            raise ValueError(f"{name}: cannot read the probe file ({e.strerror})") from None
+        with f:
+            yield from _probe_lines(f, name)
+        return
+    offset = 0
+    for n, raw in enumerate(source, start=1):
+        if isinstance(raw, bytes):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{name}: line {n} (byte offset {offset + e.start}) is not UTF-8 text "
+                                 f"({e.reason}); save the probe file as UTF-8") from None
+            offset += len(raw)
+        else:
+            text = raw
+        if n == 1:
+            text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark
+        yield n, text.removesuffix("\n").removesuffix("\r")
+
+
+def _probe_header(fields: list[str], name: str) -> list[str]:
+    missing = [c for c in REQUIRED if c not in fields]
+    unknown = [c for c in fields if c not in REQUIRED and not c.startswith(PAPER_PREFIX)]
+    repeated = sorted({c for c in fields if fields.count(c) > 1})
+    if missing or unknown or repeated:
         problems = ([f"missing required column(s) {', '.join(missing)}"] if missing else []) + \
-                   ([f"unknown column(s) {', '.join(unknown)}"] if unknown else [])
-        raise ValueError(f"{path}: {'; '.join(problems)}. A probe file is a TSV with columns "
-                         f"{', '.join(REQUIRED)} and optional paper_* columns; found: {', '.join(cols) or 'none'}")
-    if not len(df):
-        raise ValueError(f"{path}: no probes (only a header)")
-    dup = sorted(set(df[C.PROMPT_ID][df[C.PROMPT_ID].duplicated()]))
-    if dup:
-        raise ValueError(f"{path}: duplicate prompt_id(s) {', '.join(dup)}")
-    bad = [pid for pid, e in zip(df[C.PROMPT_ID], df[C.EXPECTED_PATH]) if not (e.isdigit() and int(e) >= 1)]
-    if bad:
-        raise ValueError(f"{path}: expected_path must be a 1-based path number; bad in {', '.join(bad)}")
-    empty = [pid for pid, p in zip(df[C.PROMPT_ID], df[C.PROMPT]) if not p]
-    if empty:
-        raise ValueError(f"{path}: empty prompt in {', '.join(empty)}")
+                   ([f"unknown column(s) {', '.join(unknown)}"] if unknown else []) + \
+                   ([f"repeated column(s) {', '.join(repeated)}"] if repeated else [])
+        raise ValueError(f"{name}: {'; '.join(problems)}. A probe file is a TSV with columns "
+                         f"{', '.join(REQUIRED)} and optional paper_* columns; found: {', '.join(fields) or 'none'}")
+    return fields
+
+
+def iter_probes(source: str | os.PathLike | IO = DEFAULT_PROBES) -> Iterator[Probe]:
+    """Read a probe TSV strictly, one row at a time (memory: the prompt_ids seen, for duplicates).
+
+    The first non-empty line is the header: the REQUIRED columns, optional paper_* columns, nothing
+    else. Every other non-empty line must have exactly the header's number of tab-separated fields
+    (no quoting: a prompt holds no tab or newline). ValueError names the file, the line and the
+    problem: bytes that are not UTF-8 (with the byte offset), a wrong number of fields, an
+    expected_path that is not a 1-based number in ASCII digits, an empty prompt_id or prompt, a
+    duplicate prompt_id, no header, no rows."""
+    name = probe_source_name(source)
+    header: list[str] | None = None
+    seen: dict[str, int] = {}  # prompt_id -> line
+    for n, text in _probe_lines(source, name):
+        if not text:
+            continue
+        fields = text.split("\t")
+        if header is None:
+            header = _probe_header(fields, name)
+            continue
+        if len(fields) != len(header):
+            raise ValueError(f"{name}: line {n} has {len(fields)} tab-separated fields, the header has "
+                             f"{len(header)} ({', '.join(header)})")
+        cells = dict(zip(header, fields))
+        pid, expected, prompt = cells[C.PROMPT_ID], cells[C.EXPECTED_PATH], cells[C.PROMPT]
+        if not pid:
+            raise ValueError(f"{name}: line {n}: empty prompt_id")
+        if pid in seen:
+            raise ValueError(f"{name}: line {n}: duplicate prompt_id {pid!r} (first on line {seen[pid]})")
+        if not (expected.isascii() and expected.isdigit() and int(expected) >= 1):
+            raise ValueError(f"{name}: line {n}: expected_path {expected!r} is not a 1-based path number")
+        if not prompt:
+            raise ValueError(f"{name}: line {n}: empty prompt")
+        seen[pid] = n
+        yield Probe(n, pid, cells[C.DOMAIN], int(expected), prompt, cells)
+    if header is None:
+        raise ValueError(f"{name}: empty probe file; expected a header with {', '.join(REQUIRED)}")
+    if not seen:
+        raise ValueError(f"{name}: no probes (only a header)")
+
+
+def read_probes(path: str | os.PathLike | IO = DEFAULT_PROBES) -> pd.DataFrame:
+    """The whole probe file (`iter_probes` rules) as a table: text columns, expected_path int64."""
+    rows = list(iter_probes(path))
+    df = pd.DataFrame([r.cells for r in rows], columns=list(rows[0].cells), dtype=str)
     df[C.EXPECTED_PATH] = df[C.EXPECTED_PATH].astype("int64")
     return df
+
+
+def expected_path_error(value: int, n_paths: int) -> str | None:
+    """Why `value` cannot be a probe's expected path on a model with n_paths paths, or None."""
+    if 1 <= value <= n_paths:
+        return None
+    return f"expected_path {value} is out of range 1..{n_paths} (the checkpoint has {n_paths} paths)"
 
 
 def _check(config: Any) -> None:
@@ -73,11 +162,11 @@ def _check(config: Any) -> None:
                          f"not {getattr(config, 'family', type(config).__name__)!r}")
 
 
-def layer_routes(trace: Trace, config: Any, *, majority: bool = False, position: int = -1) -> pd.DataFrame:
-    """Per batch row and parallel layer: the 1-based route at `position` (or the majority over
-    all positions). Share-Linear layers whose cosine is undefined (fused grow) get NA. Pure."""
+def token_routes(trace: Trace, config: Any) -> np.ndarray:
+    """(n_parallel_layers, B, T) 1-based route of every token, 0 where undefined (Share-Linear
+    layers whose cosine is undefined: fused grow). Pure."""
     _check(config)
-    per_token: dict[str, np.ndarray] = {}  # layer -> (B, T) 1-based routes, 0 = undefined
+    per_layer = []
     if config.combiner == "share_linear":
         cos = cosine_dominance(trace)
         for i in range(config.n_parallel_layers):
@@ -87,26 +176,46 @@ def layer_routes(trace: Trace, config: Any, *, majority: bool = False, position:
                 raise ValueError(f"the trace has no path/combined outputs for {layer}")
             B, T = int(c[C.BATCH].max()) + 1, int(c[C.POSITION].max()) + 1
             dom = c[c[C.DOMINANT]]
-            r = np.zeros((B, T), dtype=int)
+            r = np.zeros((B, T), dtype=np.int64)
             r[dom[C.BATCH].to_numpy(), dom[C.POSITION].to_numpy()] = dom[C.OPTION].to_numpy() + 1
-            per_token[layer] = r
+            per_layer.append(r)
     else:
         for i in range(config.n_parallel_layers):
             name = f"parallel.{i}.router.choice"
             if name not in trace:
                 raise ValueError(f"the trace has no site {name!r}")
-            per_token[f"parallel.{i}"] = trace[name].numpy() + 1
-    rows = []
-    for layer, r in per_token.items():
-        for b in range(r.shape[0]):
-            if majority:
-                vals = r[b][r[b] > 0]
-                route = int(np.bincount(vals).argmax()) if len(vals) else 0  # argmax: lowest on ties
-            else:
-                route = int(r[b, position])
-            rows.append((b, layer, pd.NA if route == 0 else route))
-    df = pd.DataFrame(rows, columns=[C.BATCH, C.LAYER, C.ROUTE])
-    df[C.ROUTE] = df[C.ROUTE].astype("Int64")
+            per_layer.append(trace[name].numpy() + 1)
+    return np.stack(per_layer)
+
+
+def prompt_routes(per_token: np.ndarray, lengths: Sequence[int], *, majority: bool = False) -> np.ndarray:
+    """(L, B, T) token routes -> (B, L): the route at each row's last real token (row b has
+    lengths[b] real tokens, then padding), or the most frequent defined route over its real
+    tokens (ties: the lower route). 0 = undefined."""
+    L, B, _ = per_token.shape
+    out = np.zeros((B, L), dtype=np.int64)
+    for b, n in enumerate(lengths):
+        if not majority:
+            out[b] = per_token[:, b, n - 1]
+            continue
+        for layer in range(L):
+            vals = per_token[layer, b, :n]
+            vals = vals[vals > 0]
+            out[b, layer] = np.bincount(vals).argmax() if len(vals) else 0  # argmax: lowest on ties
+    return out
+
+
+def layer_routes(trace: Trace, config: Any, *, majority: bool = False, position: int = -1) -> pd.DataFrame:
+    """Per batch row and parallel layer: the 1-based route at `position` (or the majority over
+    all positions). Share-Linear layers whose cosine is undefined (fused grow) get NA. Pure."""
+    per_token = token_routes(trace, config)  # (L, B, T)
+    L, B, T = per_token.shape
+    if not majority:  # the route at `position` is the route at the last token of a row cut there
+        per_token, T = per_token[:, :, : range(T)[position] + 1], range(T)[position] + 1
+    routes = prompt_routes(per_token, [T] * B, majority=majority)  # (B, L)
+    df = pd.DataFrame({C.BATCH: np.tile(np.arange(B), L), C.LAYER: np.repeat([f"parallel.{i}" for i in range(L)], B),
+                       C.ROUTE: routes.T.ravel()})
+    df[C.ROUTE] = df[C.ROUTE].astype("Int64").mask(df[C.ROUTE] == 0)
     return df
 
 
@@ -117,24 +226,77 @@ def _sites(config: Any) -> list[str]:
     return [f"parallel.{i}.router.choice" for i in range(config.n_parallel_layers)]
 
 
+def encode_probe(tokenizer: Any, probe_id: str, prompt: str, context: int) -> list[int]:
+    """Token ids of a probe's prompt; prompts longer than the context keep their last tokens."""
+    ids = tokenizer.encode(prompt).ids[-context:]
+    if not ids:
+        raise ValueError(f"probe {probe_id}: the prompt encodes to no tokens")
+    return ids
+
+
 @torch.inference_mode()
-def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: bool = False) -> pd.DataFrame:
-    """Run every probe (alone, deterministic routing) and return one row per (probe, parallel
-    layer): prompt_id, domain, expected_path, layer, route, correct. Prompts longer than the
-    context keep their last tokens."""
+def batch_routes(model: Any, batch: Sequence[Sequence[int]], *, majority: bool = False) -> np.ndarray:
+    """(B, n_parallel_layers) 1-based routes (0 = undefined) of prompts run as one right-padded
+    batch with deterministic routing. Under causal attention no real token sees the padding, and
+    padded positions are never read, so each row's routes are those of its prompt run alone (up to
+    float rounding of the batched kernels)."""
     _check(model.config)
-    frames = []
-    for pid, domain, expected, prompt in zip(probes[C.PROMPT_ID], probes[C.DOMAIN], probes[C.EXPECTED_PATH],
-                                             probes[C.PROMPT]):
-        ids = tokenizer.encode(prompt).ids[-model.context:]
-        if not ids:
-            raise ValueError(f"probe {pid}: the prompt encodes to no tokens")
-        with tracing(_sites(model.config)) as tr:
-            model(torch.tensor([ids]))
-        r = layer_routes(tr, model.config, majority=majority)
-        frames.append(r.drop(columns=C.BATCH).assign(**{C.PROMPT_ID: pid, C.DOMAIN: domain,
-                                                        C.EXPECTED_PATH: int(expected)}))
-    return _with_correct(pd.concat(frames, ignore_index=True))
+    lengths = [len(ids) for ids in batch]
+    T, pad = max(lengths), max(0, model.config.pad_id)
+    x = torch.tensor([list(ids) + [pad] * (T - len(ids)) for ids in batch])  # (B, T)
+    with tracing(_sites(model.config)) as tr:
+        model(x)
+    return prompt_routes(token_routes(tr, model.config), lengths, majority=majority)
+
+
+def stream_routes(model: Any, tokenizer: Any, probes: Iterable[Probe], *, majority: bool = False,
+                  batch_size: int = 32, chunk_size: int = 1024) -> Iterator[tuple[list[Probe], np.ndarray]]:
+    """Route probes read lazily, `chunk_size` at a time: yields (probes of the chunk, their routes
+    (n, n_parallel_layers), 0 = undefined) in input order. Within a chunk prompts run in batches
+    of `batch_size` after sorting by token length, so batches carry little padding. Memory holds
+    one chunk."""
+    chunk: list[Probe] = []
+    for probe in probes:
+        chunk.append(probe)
+        if len(chunk) == chunk_size:
+            yield chunk, _chunk_routes(model, tokenizer, chunk, majority, batch_size)
+            chunk = []
+    if chunk:
+        yield chunk, _chunk_routes(model, tokenizer, chunk, majority, batch_size)
+
+
+def _chunk_routes(model, tokenizer, chunk: list[Probe], majority: bool, batch_size: int) -> np.ndarray:
+    ids = [encode_probe(tokenizer, p.prompt_id, p.prompt, model.context) for p in chunk]
+    order = sorted(range(len(ids)), key=lambda k: len(ids[k]))
+    out = np.zeros((len(ids), model.config.n_parallel_layers), dtype=np.int64)
+    for k in range(0, len(order), batch_size):
+        rows = order[k:k + batch_size]
+        out[rows] = batch_routes(model, [ids[r] for r in rows], majority=majority)
+    return out
+
+
+def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: bool = False,
+                 batch_size: int = 32) -> pd.DataFrame:
+    """Route every probe (deterministic routing; batched as `stream_routes`) and return one row per
+    (probe, parallel layer): prompt_id, domain, expected_path, layer, route, correct. Prompts
+    longer than the context keep their last tokens."""
+    _check(model.config)
+    rows = [Probe(0, pid, domain, int(expected), prompt, {}) for pid, domain, expected, prompt in
+            zip(probes[C.PROMPT_ID], probes[C.DOMAIN], probes[C.EXPECTED_PATH], probes[C.PROMPT])]
+    for p in rows:
+        problem = expected_path_error(p.expected_path, model.config.n_paths)
+        if problem:
+            raise ValueError(f"probe {p.prompt_id}: {problem}")
+    routes = np.concatenate([r for _, r in stream_routes(model, tokenizer, rows, majority=majority,
+                                                         batch_size=batch_size)])  # (N, L)
+    N, L = routes.shape
+    df = pd.DataFrame({C.PROMPT_ID: np.repeat([p.prompt_id for p in rows], L),
+                       C.DOMAIN: np.repeat([p.domain for p in rows], L),
+                       C.EXPECTED_PATH: np.repeat([p.expected_path for p in rows], L).astype("int64"),
+                       C.LAYER: np.tile([f"parallel.{i}" for i in range(L)], N),
+                       C.ROUTE: pd.array(routes.ravel(), dtype="Int64")})
+    df[C.ROUTE] = df[C.ROUTE].mask(df[C.ROUTE] == 0)
+    return _with_correct(df)
 
 
 def _with_correct(df: pd.DataFrame) -> pd.DataFrame:
@@ -157,13 +319,21 @@ def paper_routes(probes: pd.DataFrame, combiner: str) -> pd.DataFrame | None:
     rows = []
     for pid, domain, expected, cell in zip(probes[C.PROMPT_ID], probes[C.DOMAIN], probes[C.EXPECTED_PATH],
                                            probes[col]):
-        parts = cell.split(">") if cell else []
-        if not parts or not all(p.strip().isdigit() for p in parts):
+        route = parse_route(cell)
+        if route is None:
             raise ValueError(f"probe {pid}: {col} = {cell!r} is not a route like 2>2>1")
-        rows += [(pid, domain, int(expected), f"parallel.{i}", int(p)) for i, p in enumerate(parts)]
+        rows += [(pid, domain, int(expected), f"parallel.{i}", r) for i, r in enumerate(route)]
     df = pd.DataFrame(rows, columns=[C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.LAYER, C.ROUTE])
     df[C.ROUTE] = df[C.ROUTE].astype("Int64")
     return _with_correct(df)
+
+
+def parse_route(cell: str) -> list[int] | None:
+    """"2>2>1" -> [2, 2, 1] (ASCII digits, spaces around them allowed); None if it is no route."""
+    parts = [p.strip() for p in cell.split(">")] if cell else []
+    if not parts or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    return [int(p) for p in parts]
 
 
 def format_routes(routes: Sequence[Any]) -> str:
@@ -192,12 +362,33 @@ def route_summary(routes: pd.DataFrame, n_paths: int, *, combined: bool, source:
     """Long table (source, metric, value): share of (prompt, layer) routes per path ("path j"),
     the combined share (Gumbel), routing accuracy and the number of routes counted. Undefined
     (NA) routes are left out of every fraction."""
-    r = routes[C.ROUTE].dropna().astype(int)
-    n = len(r)
-    frac = (lambda x: float(x) / n) if n else (lambda x: float("nan"))
-    rows = [(f"path {j}", frac((r == j).sum())) for j in range(1, n_paths + 1)]
-    if combined:
-        rows.append(("combined", frac((r == n_paths + 1).sum())))
-    rows.append(("accuracy", frac(routes.loc[r.index, C.CORRECT].sum())))
-    rows.append(("n_routes", float(n)))
-    return pd.DataFrame([(source, m, v) for m, v in rows], columns=[C.SOURCE, C.METRIC, C.VALUE])
+    tally = RouteTally()
+    tally.add(routes[C.ROUTE].fillna(0).to_numpy(dtype=np.int64)[:, None], routes[C.EXPECTED_PATH].to_numpy())
+    return tally.summary(n_paths, combined=combined, source=source)
+
+
+class RouteTally:
+    """Running counts behind `route_summary`, so a summary over any number of probes needs no table
+    of their routes: (prompt, layer) routes per value and routes equal to the prompt's expected path."""
+
+    def __init__(self) -> None:
+        self.per_route = np.zeros(1, dtype=np.int64)  # [k] = number of routes k (0 = undefined)
+        self.n_correct = 0
+
+    def add(self, routes: np.ndarray, expected: np.ndarray) -> None:
+        """routes (n, layers), 1-based, 0 = undefined; expected (n,) 1-based expected paths."""
+        counts = np.bincount(routes.ravel(), minlength=len(self.per_route))
+        counts[: len(self.per_route)] += self.per_route
+        self.per_route = counts
+        self.n_correct += int((routes == np.asarray(expected)[:, None]).sum())  # 0 never equals a path
+
+    def summary(self, n_paths: int, *, combined: bool, source: str = "ours") -> pd.DataFrame:
+        n = int(self.per_route[1:].sum())
+        count = lambda k: int(self.per_route[k]) if k < len(self.per_route) else 0  # noqa: E731
+        frac = (lambda x: float(x) / n) if n else (lambda x: float("nan"))
+        rows = [(f"path {j}", frac(count(j))) for j in range(1, n_paths + 1)]
+        if combined:
+            rows.append(("combined", frac(count(n_paths + 1))))
+        rows.append(("accuracy", frac(self.n_correct)))
+        rows.append(("n_routes", float(n)))
+        return pd.DataFrame([(source, m, v) for m, v in rows], columns=[C.SOURCE, C.METRIC, C.VALUE])

@@ -97,7 +97,6 @@ def test_export_wiola_with_atm(cli, checkpoint, tmp_path):
     (["--out", "x.xlsx"], "unknown export format"),
     (["--atm", "--max-new-tokens", "2"], "atm"),
     (["--drop", "parallel.9:0"], "parallel.9"),
-    (["--batch-size", "0"], "batch-size"),
 ])
 def test_export_errors(cli, checkpoint, tmp_path, argv, message):
     args = ["export", checkpoint("gumbel_v1"), "--prompt", "hi"]

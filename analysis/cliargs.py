@@ -1,0 +1,77 @@
+"""Option types and the parser class of the `routescope` command line.
+
+Every option is checked while the command line is parsed, so a bad value stops the command before
+anything is loaded, with one line naming the option and the allowed range, and exit code 2:
+
+    routescope generate: argument --top-n: must be an integer >= 1, got '-1'
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Callable, NoReturn
+
+SEED_MAX = 2**63 - 1  # seeds are stored in the export table's Int64 `seed` column
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (`prog: message`), without the usage block.
+    Sub-command parsers inherit the class, so their errors start with `routescope <cmd>:`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def int_in(lo: int, hi: int | None = None, what: str = "an integer") -> Callable[[str], int]:
+    """argparse type: an integer in [lo, hi] (hi None: no upper bound), ASCII digits only."""
+    rule = f"{what} in {lo}..{hi}" if hi is not None else f"{what} >= {lo}"
+
+    def parse(text: str) -> int:
+        t = text.strip()
+        digits = t[1:] if t[:1] in "+-" else t
+        if not (digits.isascii() and digits.isdigit()):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        v = int(t)
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return v
+
+    parse.__name__ = rule
+    return parse
+
+
+def float_in(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Callable[[str], float]:
+    """argparse type: a finite float in the interval lo..hi, ends open or closed (math.inf: no bound)."""
+    rule = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}") from None
+        inside = math.isfinite(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+        if not inside:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return v
+
+    parse.__name__ = rule
+    return parse
+
+
+def max_threads() -> int:
+    """The largest --threads accepted: 4 per CPU this process may use (far more only thrashes,
+    and OpenMP crashes when asked for ~100,000)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 4 * max(1, cpus)
+
+
+positive_int = int_in(1)
+nonnegative_int = int_in(0)
+seed = int_in(0, SEED_MAX, "a seed")
+threads = int_in(0, max_threads(), "a thread count (0: torch's default)")
+positive_float = float_in(0.0, math.inf, lo_open=True, hi_open=True)
+nonnegative_float = float_in(0.0, math.inf, hi_open=True)
+probability = float_in(0.0, 1.0, lo_open=True)  # (0, 1]
+port = int_in(1, 65535, "a port")
+
