@@ -110,7 +110,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    """Start the Streamlit explorer (app/main.py) on the shipped checkpoints."""
+    """Start the Streamlit explorer (app/main.py) on the shipped checkpoints.
+
+    Never waits for input: Streamlit's first-run "Email:" prompt is off (it blocked a new machine,
+    terminal or not), and so are usage statistics. Without --headless Streamlit opens a browser."""
     import importlib.util
     import os
     import subprocess
@@ -125,7 +128,8 @@ def cmd_app(args: argparse.Namespace) -> int:
     if args.checkpoints:
         env[ENV_ROOTS] = os.pathsep.join([*args.checkpoints, *filter(None, [env.get(ENV_ROOTS)])])
     cmd = [sys.executable, "-m", "streamlit", "run", main, "--server.port", str(args.port),
-           "--server.headless", "true" if args.headless else "false", "--browser.gatherUsageStats", "false"]
+           "--server.headless", "true" if args.headless else "false", "--server.showEmailPrompt", "false",
+           "--browser.gatherUsageStats", "false"]
     if args.address:
         cmd += ["--server.address", args.address]
     return subprocess.call(cmd, env=env, cwd=os.path.dirname(os.path.dirname(main)))
