@@ -1,9 +1,17 @@
-"""Export: routing table (CSV, Parquet), generation with candidates, Table 6, figures, provenance."""
+"""Export: routing table (CSV, Parquet), generation with candidates, Table 6, figures, provenance.
+
+Every download button has on_click="ignore": a download does not rerun the app. A rerun would give
+each deferred (figure) download a new id and revoke the old one, so a second click while the rerun
+of the first was still in flight asked for a file Streamlit had already dropped
+(`MediaFileStorageError: Deferred file ... not found`) and the browser got nothing.
+"""
 from __future__ import annotations
 
 import json
 import re
+from typing import Any, Callable
 
+import plotly.graph_objects as go
 import streamlit as st
 
 from analysis.export import frame_csv_bytes
@@ -15,33 +23,41 @@ def _stem(run: Run) -> str:
     return f"{run.model_name}_{'base' if run.ablation.is_empty else ab}"
 
 
+def figure_html(fig: go.Figure) -> str:
+    """A standalone HTML page of the figure with plotly.js inline (~4.8 MB), so it opens offline."""
+    return fig.to_html(include_plotlyjs=True, full_html=True)
+
+
+def _offer(col: Any, label: str, data: bytes | str | Callable[[], str], file_name: str, mime: str, key: str) -> None:
+    col.download_button(label, data, file_name, mime, key=key, on_click="ignore")
+
+
 def show(run: Run, tokenizer, figs: dict, table6: dict | None, table: dict[str, bytes]) -> None:
     stem = _stem(run)
     st.caption("Every export carries the model, prompt, settings and ablation (columns, or the run JSON).")
     cols = st.columns(3)
-    cols[0].download_button("Routing table (CSV)", table["csv"], f"{stem}_routing.csv",
-                            "text/csv", key="dl_routing_csv")
-    cols[1].download_button("Routing table (Parquet)", table["parquet"], f"{stem}_routing.parquet",
-                            "application/octet-stream", key="dl_routing_parquet")
-    cols[2].download_button("Run settings (JSON)", json.dumps(provenance(run), indent=1, ensure_ascii=False),
-                            f"{stem}_run.json", "application/json", key="dl_run_json")
+    _offer(cols[0], "Routing table (CSV)", table["csv"], f"{stem}_routing.csv", "text/csv", "dl_routing_csv")
+    _offer(cols[1], "Routing table (Parquet)", table["parquet"], f"{stem}_routing.parquet",
+           "application/octet-stream", "dl_routing_parquet")
+    _offer(cols[2], "Run settings (JSON)", json.dumps(provenance(run), indent=1, ensure_ascii=False),
+           f"{stem}_run.json", "application/json", "dl_run_json")
     cand = candidates_table(run, tokenizer)
     for k, v in provenance(run).items():
         cand[k] = v if not isinstance(v, dict) else json.dumps(v)
     cols = st.columns(3)
-    cols[0].download_button("Generation with top-k (CSV)", frame_csv_bytes(cand), f"{stem}_generation.csv",
-                            "text/csv", key="dl_generation_csv")
+    _offer(cols[0], "Generation with top-k (CSV)", frame_csv_bytes(cand), f"{stem}_generation.csv", "text/csv",
+           "dl_generation_csv")
     if table6 is not None:
         report = table6["report"].assign(model=run.model_name)
-        cols[1].download_button("Table 6 report (CSV)", frame_csv_bytes(report), f"{run.model_name}_table6.csv",
-                                "text/csv", key="dl_table6_csv")
-        cols[2].download_button("Table 6 summary (CSV)", frame_csv_bytes(table6["summary"].assign(model=run.model_name)),
-                                f"{run.model_name}_table6_summary.csv", "text/csv", key="dl_table6_summary")
+        _offer(cols[1], "Table 6 report (CSV)", frame_csv_bytes(report), f"{run.model_name}_table6.csv", "text/csv",
+               "dl_table6_csv")
+        _offer(cols[2], "Table 6 summary (CSV)", frame_csv_bytes(table6["summary"].assign(model=run.model_name)),
+               f"{run.model_name}_table6_summary.csv", "text/csv", "dl_table6_summary")
     if figs:
-        st.markdown("**Figures** (HTML here; PNG from the camera icon on each chart)")
+        st.markdown("**Figures** (HTML with plotly.js inside, works offline; PNG from the camera icon on each chart)")
         cols = st.columns(3)
         for i, (name, fig) in enumerate(figs.items()):
             fig = fig.update_layout(meta=provenance(run))
-            # deferred: the HTML is only rendered when the button is pressed
-            cols[i % 3].download_button(f"{name}.html", lambda f=fig: f.to_html(include_plotlyjs="cdn"),
-                                        f"{stem}_{name}.html", "text/html", key=f"dl_fig_{name}")
+            # deferred: the ~4.8 MB page is only rendered when the button is pressed
+            _offer(cols[i % 3], f"{name}.html", lambda f=fig: figure_html(f), f"{stem}_{name}.html", "text/html",
+                   f"dl_fig_{name}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,35 @@ def test_export_csv_has_the_documented_header(downloads):
     run_json = next(b for b in at.get("download_button") if b.proto.label == "Run settings (JSON)")
     meta = json.loads(downloads[run_json.proto.url.rsplit("/", 1)[-1].split(".")[0]])
     assert meta["prompt"] == at.text_area(key="prompt").value and meta["ablation"] == "none"
+
+
+def test_figure_html_downloads_embed_plotly_and_do_not_rerun(monkeypatch):
+    """The figure pages work offline (plotly.js inline, no script from a CDN), and no download
+    reruns the app (a rerun revokes the deferred figure downloads still on the page)."""
+    from plotly.offline import get_plotlyjs
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    deferred: dict[str, object] = {}
+    original = MediaFileManager.add_deferred
+
+    def record(self, data_callable, *args, **kwargs):
+        fid = original(self, data_callable, *args, **kwargs)
+        deferred[fid] = data_callable
+        return fid
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", record)
+    at = view(fresh(), "Export")
+    ok(at)
+    buttons = at.get("download_button")
+    assert buttons and all(b.proto.ignore_rerun for b in buttons), [b.proto.label for b in buttons]
+    figs = [b for b in buttons if b.proto.label.endswith(".html")]
+    assert len(figs) >= 2  # Gumbel routes and cosine dominance of the default checkpoint
+    plotly_js = get_plotlyjs()
+    for b in figs:
+        html = deferred[b.proto.deferred_file_id]()
+        assert plotly_js in html
+        assert not re.search(r"<script[^>]*\bsrc\s*=", html), b.proto.label
+        assert '"meta"' in html and at.text_area(key="prompt").value in html  # provenance travels with the figure
 
 
 @pytest.mark.parametrize("prompt", ["", "   \n\t "])

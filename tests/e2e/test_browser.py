@@ -10,17 +10,16 @@ from __future__ import annotations
 import csv
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from analysis.export import read_csv
+from procs import free_port, running, wait_for_health
 
 pytestmark = pytest.mark.e2e
 
@@ -38,39 +37,21 @@ PROMPT_64 = ("Once upon a time, there was a little girl named Lily. She loved to
              "Lily walked over and said, \"Hello, dear little dog!")  # 64 tokens with the shipped tokenizer (checked below)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url():
+    """The app in a session of its own, stopped with everything it started (procs.running), also
+    when a test fails or the run is interrupted."""
     port = free_port()
     env = {**os.environ, "ROUTESCOPE_THREADS": "1"}
     ARTIFACTS.mkdir(exist_ok=True)
-    log = (ARTIFACTS / "app.log").open("w")  # the app's output, kept (an unread pipe could fill and stall it)
-    proc = subprocess.Popen([sys.executable, "-m", "analysis.cli", "app", "--port", str(port), "--headless",
-                             "--address", "127.0.0.1"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError("the app did not start within 90 s")
+    # the app's output is kept (an unread pipe could fill and stall it)
+    with (ARTIFACTS / "app.log").open("w") as log, \
+            running([sys.executable, "-m", "analysis.cli", "app", "--port", str(port), "--headless", "--address",
+                     "127.0.0.1"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT) as proc:
+        wait_for_health(url, proc)
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -203,4 +184,67 @@ def test_prompt_toggle_download(app_url, browser, tmp_path):
           f"pgpt {_summary(pgpt_server)}, papaformer-gumbel-v2 {_summary(papa_server)}")
     print(f"toggle back to a cached run: pgpt {_summary([t for t, _ in pgpt_cached])}, "
           f"papaformer-gumbel-v2 {_summary([t for t, _ in papa_cached])}")
+    page.close()
+
+
+def test_downloads_clicked_close_together_all_arrive(app_url, browser, tmp_path):
+    """Six downloads clicked 0.1 to 1 s apart (figure pages are deferred: rendered on the click)
+    all arrive, and the server logs no MediaFileStorageError. A download used to rerun the app,
+    which revoked the deferred figure downloads the page still offered: a click during that rerun
+    got nothing (1 s on a slow machine, 0.1 s here). The figure pages carry plotly.js inline (they
+    work offline) and load no script from elsewhere."""
+    from plotly.offline import get_plotlyjs
+
+    log = ARTIFACTS / "app.log"
+    log_start = log.stat().st_size if log.exists() else 0
+    page = browser.new_page(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
+    got = []
+    page.on("download", lambda d: got.append(d))
+    page.goto(app_url)
+    _ready(page, "updated in")
+    page.get_by_role("radio", name="Export", exact=True).click()
+    page.get_by_role("button", name="cosine_dominance.html").wait_for(timeout=60_000)
+    _idle(page)
+    fig_a, csv_, fig_b = "gumbel_routes.html", "Routing table (CSV)", "cosine_dominance.html"
+    clicks = [(0.0, fig_a), (0.1, csv_), (0.1, fig_b), (0.3, fig_a), (1.0, fig_b), (1.0, csv_)]  # (s after the last)
+    labels = [label for _, label in clicks]
+    for gap, label in clicks:
+        time.sleep(gap)
+        page.get_by_role("button", name=label, exact=True).click()
+    deadline = time.time() + 60
+    while len(got) < len(labels) and time.time() < deadline:
+        page.wait_for_timeout(200)
+    names = [d.suggested_filename for d in got]
+    assert len(got) == len(labels), names
+    # a deferred page arrives after the server rendered it, so a static file clicked later can be first
+    want = {"gumbel_routes.html": fig_a, "routing.csv": csv_, "cosine_dominance.html": fig_b}
+    assert sorted(want[n.split("_base_")[-1]] for n in names) == sorted(labels)
+    plotly_js = get_plotlyjs()
+    for d in got:
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}_{d.suggested_filename}"
+        d.save_as(path)
+        if path.suffix == ".html":
+            html = path.read_text(encoding="utf-8")
+            assert plotly_js in html and not re.search(r"<script[^>]*\bsrc\s*=", html)
+        else:
+            assert read_csv(path)["token"].notna().any()
+    page.close()
+    with log.open(encoding="utf-8", errors="replace") as f:
+        f.seek(log_start)
+        new_log = f.read()
+    assert "MediaFileStorageError" not in new_log and "not found" not in new_log, new_log[-2000:]
+
+
+def test_tables_offer_no_raw_csv_export(app_url, browser):
+    """st.dataframe's own "Download as CSV" writes cells raw (a probe prompt "=cmd|..." would run in a
+    spreadsheet); the app turns it off (.streamlit/config.toml), so every CSV comes from Export."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.goto(app_url)
+    _ready(page, "updated in")
+    page.get_by_role("radio", name="Table 6", exact=True).click()
+    table = page.locator("[data-testid='stDataFrame']").first
+    table.wait_for(timeout=60_000)
+    table.hover()
+    page.locator("[data-testid='stElementToolbarButton']").first.wait_for(timeout=10_000)  # the toolbar is up
+    assert page.get_by_role("button", name="Download as CSV").count() == 0
     page.close()
