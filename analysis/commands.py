@@ -16,12 +16,12 @@ file(s) (`analysis.export.ExportWriter`), which appear only when the export fini
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import os
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -99,18 +99,38 @@ def _need_tokenizer(tok: Any, checkpoint: str) -> None:
         raise ValueError(f"{checkpoint}: no tokenizer.json; text prompts need a tokenizer")
 
 
+def read_text_file(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a user's file (a leading byte order mark dropped); ValueError naming the
+    file for a directory, a missing or unreadable file, and bytes that are not UTF-8 (with their
+    line and byte offset)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a {what}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}: line {line} (byte offset {e.start}) is not UTF-8 text ({e.reason}); "
+                         f"save the {what} as UTF-8") from None
+
+
 def read_prompts(path: str | Path) -> list[tuple[str, str]]:
     """(prompt_id, prompt) pairs from a .txt (one per non-blank line, id = line number) or a .tsv
     (columns prompt_id and prompt)."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such prompt file")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".txt":
-        return [(str(n), line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    if path.suffix.lower() != ".tsv":
+    text = read_text_file(path, "prompt file")
+    if path.suffix.lower() not in (".txt", ".tsv"):
         raise ValueError(f"{path}: prompt files are .txt (one prompt per line) or .tsv (prompt_id, prompt)")
-    rows = list(csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE))
+    lines = [line.removesuffix("\r") for line in text.split("\n")]  # not splitlines: U+2028 & co. are text
+    if path.suffix.lower() == ".txt":
+        return [(str(n), line) for n, line in enumerate(lines, start=1) if line.strip()]
+    rows = [line.split("\t") for line in lines]  # no quoting: a field holds no tab
     header = rows[0] if rows else []
     missing = [c for c in ("prompt_id", "prompt") if c not in header]
     if missing:
@@ -123,7 +143,7 @@ def read_prompts(path: str | Path) -> list[tuple[str, str]]:
         if len(row) != len(header):
             raise ValueError(f"{path}: line {n} has {len(row)} fields, the header has {len(header)}")
         out.append((row[i_id], row[i_p]))
-    dup = sorted({i for i, _ in out if [j for j, _ in out].count(i) > 1})
+    dup = sorted(i for i, k in Counter(i for i, _ in out).items() if k > 1)
     if dup:
         raise ValueError(f"{path}: duplicate prompt_id(s) {', '.join(dup)}")
     return out
@@ -207,10 +227,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from core_models import Ablation
-    from analysis.export import ExportWriter, export_format
+    from analysis.export import ExportWriter, check_output
 
-    for out in args.out:
-        export_format(out)  # fail on a bad suffix before loading anything
+    for out in args.out:  # before any work: a bad output must not fail a long export at its end
+        check_output(out)
+    if len({Path(out).resolve() for out in args.out}) < len(args.out):
+        raise ValueError(f"--out: the same file is given twice ({', '.join(args.out)})")
     if args.atm and args.max_new_tokens:
         raise ValueError("--atm needs --max-new-tokens 0: token merging cannot run with the KV cache of generation")
     i, n = parse_shard(args.shard)
@@ -278,7 +300,7 @@ def _scan_probes(source: str | Path, model: Any, tok: Any) -> _ProbeScan:
     from analysis import domain as D
 
     cfg, name = model.config, D.probe_source_name(source)
-    scan = _ProbeScan(stamp=_file_stamp(source))
+    scan = _ProbeScan(stamp=_file_stamp(source) if Path(source).is_file() else (0, 0))  # else iter_probes says why
     col = D.paper_column(cfg)
     for p in D.iter_probes(source):
         problem = D.expected_path_error(p.expected_path, cfg.n_paths)

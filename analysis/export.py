@@ -33,14 +33,16 @@ only when closed without error, so a failed export leaves no half-written file.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
 import os
 import re
+import secrets
 import tempfile
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 import pandas as pd
 import pyarrow as pa
@@ -206,11 +208,46 @@ def export_format(path: str | os.PathLike) -> str:
     raise ValueError(f"{path}: unknown export format {suffix or '(no suffix)'!r}; use .csv or .parquet")
 
 
+def check_output(path: str | os.PathLike) -> Path:
+    """ValueError unless `path` can take an export: a known suffix, not a directory, inside an
+    existing directory this process may write to. Checked before any work, so a long export never
+    fails at its end; directories are never created."""
+    p = Path(path)
+    parent = p.parent
+    if p.is_dir():
+        raise ValueError(f"{p}: is a directory; give a file name, e.g. {p / 'routes.csv'}")
+    export_format(p)
+    if p.exists() and not p.is_file():
+        raise ValueError(f"{p}: exists and is not a regular file")
+    if not parent.exists():
+        raise ValueError(f"{p}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise ValueError(f"{p}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{p}: cannot write to directory {parent} (permission denied)")
+    return p
+
+
+def _new_file_beside(path: Path) -> Path:
+    """Create an empty hidden temporary file in path's directory with the mode any new file gets
+    there (0o666 & ~umask; tempfile.mkstemp would make it 0o600), so the renamed export does too."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
 class ExportWriter:
     """Append export batches to one or more files (.csv and/or .parquet), memory flat.
 
     Use as a context manager: on a clean exit the temporary files are renamed onto the targets; on
-    an exception (or `abort()`) they are deleted and the targets are left as they were.
+    an exception (or `abort()`) they are deleted and the targets are left as they were. Files get
+    the mode the umask gives new files. OS errors become ValueErrors naming the target, not the
+    temporary file.
 
         with ExportWriter("out.csv", "out.parquet") as w:
             for df in batches:
@@ -225,17 +262,17 @@ class ExportWriter:
         self._sinks: list[tuple[Any, Path, Path]] = []
         try:
             for p in paths:
-                p = Path(p)
-                fmt = export_format(p)
-                p.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-                os.close(fd)
-                tmp = Path(tmp)
-                try:
-                    sink = (_CsvSink if fmt == "csv" else _ParquetSink)(tmp, self.schema)
-                except BaseException:
-                    tmp.unlink(missing_ok=True)
-                    raise
+                p = check_output(p)
+                if any(p.resolve() == final.resolve() for _, _, final in self._sinks):
+                    raise ValueError(f"{p}: given twice as an output")
+                sink_class = _CsvSink if export_format(p) == "csv" else _ParquetSink
+                with _naming(p):
+                    tmp = _new_file_beside(p)
+                    try:
+                        sink = sink_class(tmp, self.schema)
+                    except BaseException:
+                        tmp.unlink(missing_ok=True)
+                        raise
                 self._sinks.append((sink, tmp, p))
         except BaseException:
             self.abort()
@@ -246,8 +283,9 @@ class ExportWriter:
         if not self._open:
             raise ValueError("ExportWriter is closed")
         df = conform(df)
-        for sink, _, _ in self._sinks:
-            sink.write(df)
+        for sink, _, final in self._sinks:
+            with _naming(final):
+                sink.write(df)
         self.n_rows += len(df)
 
     def close(self) -> None:
@@ -256,10 +294,12 @@ class ExportWriter:
             return
         self._open = False
         try:
-            for sink, _, _ in self._sinks:
-                sink.close()
+            for sink, _, final in self._sinks:
+                with _naming(final):
+                    sink.close()
             for _, tmp, final in self._sinks:
-                os.replace(tmp, final)
+                with _naming(final):
+                    os.replace(tmp, final)
         except BaseException:
             self._cleanup()
             raise
@@ -286,6 +326,15 @@ class ExportWriter:
             self.close()
         else:
             self.abort()
+
+
+@contextlib.contextmanager
+def _naming(target: Path) -> Iterator[None]:
+    """Report an OS error while writing `target` (or its temporary file) as a ValueError naming target."""
+    try:
+        yield
+    except OSError as e:
+        raise ValueError(f"{target}: cannot write ({e.strerror or e})") from None
 
 
 # --- whole tables ------------------------------------------------------------------------------

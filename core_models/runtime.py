@@ -87,7 +87,7 @@ class Ablation:
 
 
 _NONE_DROPPED: frozenset[int] = frozenset()
-_SPEC = re.compile(r"^\s*(?:(?P<layer>[\w.*]+)\s*:\s*)?(?P<option>\d+)\s*$")
+_SPEC = re.compile(r"^\s*(?:(?P<layer>[\w.*]+)\s*:\s*)?(?P<option>\d+)\s*$", re.ASCII)  # ASCII: int() reads "１" too
 
 
 def _parse_spec(spec: str, kind: str) -> tuple[str, int]:
