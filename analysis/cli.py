@@ -109,14 +109,49 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_child(cmd: list[str], grace: float = 10.0, **popen_kw) -> int:
+    """Run cmd as a child and return its exit status (128 + n if signal n ended it). SIGINT,
+    SIGTERM and SIGHUP sent to this process are passed on to the child, which is waited for, so
+    stopping routescope stops what it started; if we leave by an exception the child is terminated
+    (killed after `grace` s). On Linux the kernel also sends it SIGTERM if routescope is killed
+    outright (SIGKILL)."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(cmd, preexec_fn=_term_with_parent if sys.platform == "linux" else None, **popen_kw)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda signum, _frame: child.send_signal(signum)) for s in forwarded}
+    try:
+        rc = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(grace)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    return rc if rc >= 0 else 128 - rc
+
+
+def _term_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
 def cmd_app(args: argparse.Namespace) -> int:
-    """Start the Streamlit explorer (app/main.py) on the shipped checkpoints.
+    """Start the Streamlit explorer (app/main.py) on the shipped checkpoints and wait for it;
+    stopping routescope (Ctrl-C, SIGTERM, SIGHUP) stops the Streamlit server too (run_child).
 
     Never waits for input: Streamlit's first-run "Email:" prompt is off (it blocked a new machine,
     terminal or not), and so are usage statistics. Without --headless Streamlit opens a browser."""
     import importlib.util
     import os
-    import subprocess
 
     from analysis.catalog import ENV_ROOTS
 
@@ -132,7 +167,7 @@ def cmd_app(args: argparse.Namespace) -> int:
            "--browser.gatherUsageStats", "false"]
     if args.address:
         cmd += ["--server.address", args.address]
-    return subprocess.call(cmd, env=env, cwd=os.path.dirname(os.path.dirname(main)))
+    return run_child(cmd, env=env, cwd=os.path.dirname(os.path.dirname(main)))
 
 
 def build_parser() -> argparse.ArgumentParser:

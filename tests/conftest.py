@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 import torch
@@ -8,6 +9,15 @@ import torch
 torch.set_num_threads(int(os.environ.get("ROUTESCOPE_TEST_THREADS", "1")))
 
 from tiny_models import TINY, tiny_model
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A run stopped with SIGTERM (a CI timeout) unwinds like Ctrl-C, so every fixture's finally (the
+# app's process group, procs.running) still runs; Python's default would end at once.
+signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.fixture(params=sorted(TINY))

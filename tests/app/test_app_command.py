@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from procs import free_port, running, wait_for_health
 
@@ -47,3 +52,43 @@ def test_readme_command_serves_with_stdin_closed_and_no_streamlit_config(tmp_pat
         pass
     assert "Email" not in log.read_text(errors="replace")
     assert not (tmp_path / "home" / ".streamlit" / "credentials.toml").exists()
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is pid, read from /proc."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ")"
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _running(pid: int) -> bool:
+    """pid exists and is not a zombie (a zombie runs nothing; its parent has not reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the Streamlit child in /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_stopping_routescope_app_stops_its_streamlit_server(tmp_path, sig):
+    """A signal to the routescope process alone (not its group) ends the Streamlit server too:
+    passed on, or for SIGKILL, which routescope cannot catch, sent by the kernel (PDEATHSIG)."""
+    with serving_app(tmp_path, "--headless") as (proc, url, _):
+        servers = [pid for pid in _children(proc.pid)
+                   if b"streamlit" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(servers) == 1, _children(proc.pid)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _running(servers[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(servers[0]), f"streamlit {servers[0]} outlived routescope"
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/_stcore/health", timeout=2)
