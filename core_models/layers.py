@@ -58,8 +58,8 @@ def gelu_exact(x: torch.Tensor) -> torch.Tensor:
     """Exact (erf) GELU. For small inputs (a decoding step) it is PyTorch's own formula
     x * 0.5 * (1 + erf(x / sqrt(2))) in 5 elementwise ops: F.gelu sends a contiguous input to
     oneDNN, whose fixed cost per call measured 0.25 ms per decoded token on pagmlp (8 layers). For
-    larger inputs F.gelu's kernel is faster. Both agree with the float64 definition, and with each
-    other, to 1e-6 (tests/models/test_core.py)."""
+    larger inputs F.gelu's kernel is faster. Both agree with the float64 definition to a few float32
+    eps of |x| (1 + erf cancels for x < 0; tests/models/test_core.py)."""
     if x.numel() > _GELU_FORMULA_MAX:
         return F.gelu(x)
     return x * 0.5 * (1.0 + torch.erf(x * _SQRT1_2))
