@@ -10,6 +10,7 @@ st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 from app import resources  # noqa: E402  (set_page_config must come first)
 from app import state as K  # noqa: E402
 from app.views import ablation, attribution, diff, export, generation, routing, sidebar, table6  # noqa: E402
+from app.components.messages import show_error  # noqa: E402
 from core_models.runtime import Ablation  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
@@ -77,7 +78,7 @@ def main() -> None:
     try:
         model, tok = resources.load(path, mtime)
     except Exception as e:
-        error_box(f"Cannot open {sel.info.name}", e)
+        show_error(e, f"Cannot open {sel.info.name}: ", hide=path)
         st.stop()
     if tok is None:
         st.warning(f"{sel.info.name} has no tokenizer.json: text prompts need a tokenizer "

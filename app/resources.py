@@ -21,6 +21,8 @@ from analysis.session import RunSettings, run_prompt
 from core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint
 from core_models.runtime import Ablation
 
+from .components.messages import without_dir
+
 # Small models run fastest on one thread, and a second thread would fight other sessions.
 torch.set_num_threads(int(os.environ.get("ROUTESCOPE_THREADS", "1")))
 
@@ -74,18 +76,34 @@ def path_attribution(path: str, mtime: float, ids: tuple[int, ...], position: in
 
 
 @st.cache_resource(max_entries=32, show_spinner="Routing the probe prompts…")
-def table6_routes(path: str, mtime: float, probes_tsv: str, majority: bool):
+def table6_routes(path: str, mtime: float, probes_name: str, probes_tsv: bytes, majority: bool):
+    """(probes, our routes, the paper's routes or None) of a probe file's bytes. Every ValueError
+    starts with `probes_name` (the file name the user knows, not a stream or a server path)."""
     import io
 
-    from analysis.domain import read_probes
+    from analysis.domain import paper_routes, read_probes
     model, tok = load(path, mtime)
-    probes = read_probes(io.StringIO(probes_tsv))
-    return probes, probe_routes(model, tok, probes, majority=majority)
+    source = io.BytesIO(probes_tsv)
+    source.name = probes_name  # how read_probes names the file in its messages
+    probes = read_probes(source)
+    try:
+        return probes, probe_routes(model, tok, probes, majority=majority), paper_routes(probes, model.config.combiner)
+    except ValueError as e:
+        raise ValueError(f"{probes_name}: {e}") from None
+
+
+class UploadRejected(ValueError):
+    """An upload that is not a loadable checkpoint; names files as uploaded, never a server path.
+    `problems`: every problem when the loader listed them (config vs weights)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
 
 
 def save_upload(files) -> str:
     """Write uploaded checkpoint files to a fresh directory and validate it by loading it.
-    Raises ValueError naming the problem; nothing half-written is kept."""
+    Raises ValueError naming the problem and the uploaded file; nothing half-written is kept."""
     by_name = {f.name: f for f in files}
     missing = [n for n in (CONFIG, WEIGHTS) if n not in by_name]
     if missing:
@@ -101,8 +119,11 @@ def save_upload(files) -> str:
         for f in files:
             (root / f.name).write_bytes(f.getvalue())
         load_checkpoint(root)  # validates config, every tensor name and shape, the tokenizer
-    except Exception:
+    except Exception as e:
         shutil.rmtree(root, ignore_errors=True)
-        raise
+        message = without_dir(str(e), root, "the upload")  # the uploaded files by their names
+        problems = [without_dir(p, root, "the upload") for p in getattr(e, "problems", None) or []]
+        raise UploadRejected(message if isinstance(e, ValueError) else f"{type(e).__name__}: {message}",
+                             problems) from None
     atexit.register(shutil.rmtree, root, ignore_errors=True)  # an upload lives as long as the app process
     return str(root)

@@ -10,6 +10,7 @@ from analysis.session import RunSettings
 
 from .. import resources
 from .. import state as K
+from ..components.messages import show_error
 
 DEFAULT_CHECKPOINT = "papaformer-gumbel-v2"
 
@@ -48,6 +49,7 @@ def _pick_checkpoint() -> CheckpointInfo | None:
 
 
 def _upload() -> None:
+    rejected = None
     with st.expander("Upload a checkpoint"):
         files = st.file_uploader("config.json, model.safetensors and tokenizer.json", accept_multiple_files=True,
                                  key=K.UPLOAD)
@@ -57,7 +59,9 @@ def _upload() -> None:
                 st.session_state["select_upload"] = True
                 st.rerun()
             except Exception as e:  # every loader error names the problem
-                st.error(f"Upload rejected: {e}")
+                rejected = e
+    if rejected is not None:  # below the expander: the message's own details expander cannot nest in it
+        show_error(rejected, "Upload rejected: ")
 
 
 def _settings(info: CheckpointInfo) -> RunSettings:

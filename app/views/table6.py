@@ -1,23 +1,20 @@
 """Table 6 view: which path each probe prompt takes per parallel layer, beside the paper's routes."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
 from analysis import columns as C
-from analysis.domain import DEFAULT_PROBES, paper_routes, route_summary, table6
+from analysis.domain import DEFAULT_PROBES, route_summary, table6
 
 from .. import resources
 from .. import state as K
+from ..components.messages import show_error
 
-SHARED_PROBES = Path(__file__).resolve().parents[3] / "shared" / "probes" / "table6_probes.tsv"
 
-
-def default_probes() -> tuple[str, str]:
-    path = SHARED_PROBES if SHARED_PROBES.is_file() else DEFAULT_PROBES
-    return str(path), path.read_text(encoding="utf-8")
+def default_probes() -> tuple[str, bytes]:
+    """The paper's Table 6 probes, shipped as package data (analysis/data), named by file name."""
+    return DEFAULT_PROBES.name, DEFAULT_PROBES.read_bytes()
 
 
 def cached_report(model, path: str, mtime: float) -> dict | None:
@@ -32,27 +29,21 @@ def show(model, path: str, mtime: float) -> dict | None:
         return None
     upload = st.file_uploader("Probe file (TSV: prompt_id, domain, expected_path, prompt, optional paper_*)",
                               type=["tsv", "txt"], key=K.PROBES_UPLOAD)
-    name, text = default_probes()
-    if upload is not None:
-        try:
-            name, text = upload.name, upload.getvalue().decode("utf-8")
-        except UnicodeDecodeError:
-            st.error(f"{upload.name}: not UTF-8 text")
-            return None
+    name, data = (upload.name, upload.getvalue()) if upload is not None else default_probes()
     majority = st.checkbox("Majority route over all prompt tokens (default: the last prompt token)",
                            key=K.TABLE6_MAJORITY)
     try:
-        probes, routes = resources.table6_routes(path, mtime, text, majority)
-        paper = paper_routes(probes, c.combiner)
-    except ValueError as e:
-        st.error(f"Probe file {name}: {e}")
+        probes, routes, paper = resources.table6_routes(path, mtime, name, data, majority)
+    except ValueError as e:  # the message starts with the file's name
+        show_error(e, "Probe file ")
         return None
     report = table6(routes, probes, paper)
     combined = c.combiner != "share_linear"
     summary = route_summary(routes, c.n_paths, combined=combined)
     if paper is not None:
         summary = pd.concat([summary, route_summary(paper, 2, combined=combined, source="paper")], ignore_index=True)
-    st.caption(f"Probes: {name}. Routes: 1 = path 1 (stories), 2 = path 2 (math)"
+    shipped = "" if upload is not None else " (the paper's probes, shipped with RouteScope)"
+    st.caption(f"Probes: {name}{shipped}. Routes: 1 = path 1 (stories), 2 = path 2 (math)"
                + (f", {c.n_paths + 1} = combined" if combined else "") + ", one per parallel layer.")
     st.dataframe(report, key="table6_report", width="stretch")
     pivot = summary.pivot_table(index=C.METRIC, columns=C.SOURCE, values=C.VALUE, sort=False)

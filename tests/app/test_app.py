@@ -193,7 +193,7 @@ def test_mismatched_upload_names_the_tensors():
     files = _ckpt_files(BY_FAMILY["pgpt"].path)
     files["config.json"] = (Path(BY_FAMILY["moep"].path) / "config.json").read_bytes()
     at = _upload(fresh(), list(files.items()))
-    assert any("missing tensor" in e.value for e in at.error)
+    assert any("does not match its config" in e.value and " missing (" in e.value for e in at.error)
 
 
 def test_valid_upload_opens():
