@@ -37,7 +37,9 @@ from core_models.runtime import Ablation
 from . import columns as C
 
 BASELINES = ("pad", "zeros")
-METHODS = ("ablation", "shapley")
+TOKEN_METHODS = ("ig",)  # TokenAttribution: layer integrated gradients
+METHODS = ("ablation", "shapley")  # PathAttribution
+ALL_METHODS = TOKEN_METHODS + METHODS
 SCOPES = ("layer", "global")
 
 

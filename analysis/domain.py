@@ -156,7 +156,8 @@ def expected_path_error(value: int, n_paths: int) -> str | None:
     return f"expected_path {value} is out of range 1..{n_paths} (the checkpoint has {n_paths} paths)"
 
 
-def _check(config: Any) -> None:
+def require_papaformer(config: Any) -> None:
+    """ValueError unless `config` is a PaPaformer's: Table 6 routes are defined for its parallel layers."""
     if getattr(config, "family", "") != "papaformer":
         raise ValueError(f"Table 6 routes need a PaPaformer checkpoint (family 'papaformer'), "
                          f"not {getattr(config, 'family', type(config).__name__)!r}")
@@ -165,7 +166,7 @@ def _check(config: Any) -> None:
 def token_routes(trace: Trace, config: Any) -> np.ndarray:
     """(n_parallel_layers, B, T) 1-based route of every token, 0 where undefined (Share-Linear
     layers whose cosine is undefined: fused grow). Pure."""
-    _check(config)
+    require_papaformer(config)
     per_layer = []
     if config.combiner == "share_linear":
         cos = cosine_dominance(trace)
@@ -240,7 +241,7 @@ def batch_routes(model: Any, batch: Sequence[Sequence[int]], *, majority: bool =
     batch with deterministic routing. Under causal attention no real token sees the padding, and
     padded positions are never read, so each row's routes are those of its prompt run alone (up to
     float rounding of the batched kernels)."""
-    _check(model.config)
+    require_papaformer(model.config)
     lengths = [len(ids) for ids in batch]
     T, pad = max(lengths), max(0, model.config.pad_id)
     x = torch.tensor([list(ids) + [pad] * (T - len(ids)) for ids in batch])  # (B, T)
@@ -280,7 +281,7 @@ def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: 
     """Route every probe (deterministic routing; batched as `stream_routes`) and return one row per
     (probe, parallel layer): prompt_id, domain, expected_path, layer, route, correct. Prompts
     longer than the context keep their last tokens."""
-    _check(model.config)
+    require_papaformer(model.config)
     rows = [Probe(0, pid, domain, int(expected), prompt, {}) for pid, domain, expected, prompt in
             zip(probes[C.PROMPT_ID], probes[C.DOMAIN], probes[C.EXPECTED_PATH], probes[C.PROMPT])]
     for p in rows:

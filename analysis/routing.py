@@ -11,7 +11,7 @@ over the prompt and every generated step, so positions run over prompt + generat
 Family coverage: `gumbel_routes` (PaPaformer Gumbel), `cosine_dominance` (PaPaformer, MoEP),
 `topk_routes` / `topk_utilisation` / `topk_coselection` (MoEP), `pgpt_paths` (ParallelGPT),
 `atm_merges` / `atm_summary` / `dsff_gates` / `gcla_betas` (Wiola), `pagmlp_pathways` (PAGMLP).
-`analysis.table.routing_table` turns them into the one export table.
+`analysis.table.routing_table` turns them into the one export table (table imports routing, never the reverse).
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from . import columns as C
 
 # --- helpers ----------------------------------------------------------------------------------
 
-def _grid(*sizes: int) -> list[np.ndarray]:
-    """Flattened index arrays of a C-ordered grid: _grid(B, T, n) -> [b, t, o], each of B*T*n."""
+def grid_indices(*sizes: int) -> list[np.ndarray]:
+    """Flattened index arrays of a C-ordered grid: grid_indices(B, T, n) -> [b, t, o], each of B*T*n."""
     if not sizes:
         return []
     return [a.ravel() for a in np.meshgrid(*(np.arange(s) for s in sizes), indexing="ij")]
@@ -103,7 +103,7 @@ def gumbel_routes(trace: Trace, model_or_config: Any, *, n_samples: int = 0, see
             stab = (noisy.argmax(-1) == arg).float().mean(0)  # (B, T)
         else:
             stab = torch.full((B, T), float("nan"))
-        b, t, o = _grid(B, T, n)
+        b, t, o = grid_indices(B, T, n)
         frames.append(pd.DataFrame({
             C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o, C.LABEL: labels[o],
             C.LOGIT: _np(logits).ravel(), C.PROB: _np(probs).ravel(),
@@ -129,7 +129,7 @@ def topk_routes(trace: Trace) -> pd.DataFrame:
         w = trace[f"{layer}.router.weights"].float()  # (B, T, k)
         probs = trace[f"{layer}.router.probs"].float()  # (B, T, n)
         B, T, k = idx.shape
-        b, t, r = _grid(B, T, k)
+        b, t, r = grid_indices(B, T, k)
         frames.append(pd.DataFrame({
             C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.RANK: r, C.OPTION: _np(idx).ravel(),
             C.WEIGHT: _np(w).ravel(), C.PROB: _np(probs.gather(-1, idx)).ravel(),
@@ -189,7 +189,7 @@ def cosine_dominance(trace: Trace) -> pd.DataFrame:
             cos = torch.stack([F.cosine_similarity(p, comb, dim=-1) for _, p in paths])  # (P, B, T)
             dom = F.one_hot(cos.argmax(0), len(paths)).permute(2, 0, 1).bool()
         opts = np.array([j for j, _ in paths])
-        b, t, o = _grid(B, T, len(paths))
+        b, t, o = grid_indices(B, T, len(paths))
         frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: opts[o],
                                     C.COSINE: _np(cos.permute(1, 2, 0)).ravel(),
                                     C.DOMINANT: _np(dom.permute(1, 2, 0)).ravel()}))
@@ -214,7 +214,7 @@ def pgpt_paths(trace: Trace) -> pd.DataFrame:
     norms = torch.stack([(w[j] * outs[j]).norm(dim=-1) if j in outs else torch.zeros(B, T) for j in range(P)])
     share = norms / norms.sum(0).clamp_min(1e-30)  # (P, B, T)
     dom = F.one_hot(norms.argmax(0), P).permute(2, 0, 1).bool()
-    b, t, o = _grid(B, T, P)
+    b, t, o = grid_indices(B, T, P)
     flat = lambda x: _np(x.permute(1, 2, 0)).ravel()  # noqa: E731  (P, B, T) -> rows in (b, t, o) order
     return pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: "paths", C.OPTION: o, C.WEIGHT: _np(w)[o],
                          C.NORM: flat(norms), C.SHARE: flat(share), C.DOMINANT: flat(dom)})
@@ -297,7 +297,7 @@ def dsff_gates(trace: Trace) -> pd.DataFrame:
     for (i,) in numbered(trace, r"blocks\.(\d+)\.dsff\.gate"):
         g = trace[f"blocks.{i}.dsff.gate"].float().mean(-1)  # (B, T)
         B, T = g.shape
-        b, t = _grid(B, T)
+        b, t = grid_indices(B, T)
         frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: f"blocks.{i}.dsff",
                                     C.GATE_MEAN: _np(g).ravel()}))
     return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.GATE_MEAN])
@@ -332,7 +332,7 @@ def pagmlp_pathways(trace: Trace, model: Any) -> pd.DataFrame:
         out_norm = torch.stack([(acts[0] @ down[:, :half].T).norm(dim=-1), (acts[1] @ down[:, half:].T).norm(dim=-1)])
         share = out_norm / out_norm.sum(0).clamp_min(1e-30)
         _, B, T = act_norm.shape
-        b, t, o = _grid(B, T, 2)
+        b, t, o = grid_indices(B, T, 2)
         flat = lambda x: _np(x.permute(1, 2, 0)).ravel()  # noqa: E731  (2, B, T) -> rows in (b, t, o) order
         frames.append(pd.DataFrame({
             C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o, C.LABEL: np.array(PAGMLP_LABELS)[o],
@@ -344,10 +344,3 @@ def pagmlp_pathways(trace: Trace, model: Any) -> pd.DataFrame:
 
 def _concat(frames: list[pd.DataFrame], cols: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
-
-
-def routing_table(trace: Trace, model: Any, *, meta: Any) -> pd.DataFrame:
-    """The export table (`analysis.columns.EXPORT_SCHEMA`) of one traced call, for any family.
-    Pure; see `analysis.table.routing_table`."""
-    from .table import routing_table as _table
-    return _table(trace, model, meta=meta)

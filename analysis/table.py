@@ -99,7 +99,7 @@ def _moep(trace: Trace, model: Any, n_batch: int, views: dict) -> tuple[list[pd.
         sel = np.zeros(probs.shape, dtype=bool)
         np.put_along_axis(sel, idx.numpy(), True, axis=-1)
         B, T, n = probs.shape
-        b, t, o = R._grid(B, T, n)
+        b, t, o = R.grid_indices(B, T, n)
         df = pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o,
                            C.PROB: probs.numpy().ravel(), C.SELECTED: sel.ravel()})
         parts.append(_part(df, site=f"{layer}.router.probs", kind="prob", value=C.PROB, selected=C.SELECTED))

@@ -1,4 +1,4 @@
-"""Goal 6: batch export through the `routescope export` code path (analysis.commands.cmd_export,
+"""Goal 6: batch export through the `routescope export` code path (cli.export.run,
 called in-process in a fresh subprocess per size).
 
 Prompts: first sentences of training documents (story and math alternating,
@@ -27,7 +27,7 @@ def prompts_file(n: int) -> Path:
 
 
 def child(payload: dict) -> dict:
-    from analysis.cli import build_parser
+    from cli.main import build_parser
     rss0 = C.rss_mb()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "routes.parquet"

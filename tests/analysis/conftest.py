@@ -1,7 +1,6 @@
 """Fixtures for the analysis tests: a tiny byte-level BPE tokenizer, tiny checkpoints, the CLI."""
 from __future__ import annotations
 
-import argparse
 
 import pytest
 import torch
@@ -40,7 +39,9 @@ def tokenizer():
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(SENTENCES, trainer)
-    assert tok.get_vocab_size() <= VOCAB
+    # reserved tokens up to the models' vocabulary: a checkpoint's tokenizer must cover every id
+    tok.add_special_tokens([f"<reserved_{i}>" for i in range(VOCAB - tok.get_vocab_size())])
+    assert tok.get_vocab_size() == VOCAB
     return tok
 
 
@@ -67,11 +68,11 @@ def checkpoint(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="session")
 def cli():
-    """cli(argv) -> exit code, running the analysis sub-commands in-process."""
-    from analysis.commands import add_commands
+    """cli(argv) -> exit code, running the `routescope` sub-commands' handlers in-process (their
+    ValueErrors propagate, so a test can assert on them)."""
+    from cli.main import build_parser
 
-    parser = argparse.ArgumentParser(prog="routescope")
-    add_commands(parser.add_subparsers(dest="command", required=True))
+    parser = build_parser()
 
     def run(argv: list[str]) -> int:
         args = parser.parse_args([str(a) for a in argv])

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis import columns as C
-from analysis.commands import parse_shard, read_prompts, shard
+from cli.export import parse_shard, read_prompts, shard
 from analysis.export import read_csv, read_parquet
 from tolerances import FORWARD_EPS, assert_close_to_scale
 

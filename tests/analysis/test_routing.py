@@ -315,13 +315,13 @@ EXPECTED_KINDS = {
 
 @pytest.mark.parametrize("key", sorted(EXPECTED_KINDS))
 def test_routing_table_schema_for_every_family(key):
-    from analysis.table import ExportMeta, RowMeta
+    from analysis.table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model(key)
     x = ids(2, 5, seed=1)
     tr = run(model, x)
     rows = [RowMeta(f"p{b}", x[b].tolist(), [f"<{i}>" for i in x[b].tolist()]) for b in range(2)]
-    df = R.routing_table(tr, model, meta=ExportMeta(model="m", rows=rows, seed=3))
+    df = routing_table(tr, model, meta=ExportMeta(model="m", rows=rows, seed=3))
     assert list(df.columns) == list(C.EXPORT_SCHEMA)
     assert {c: str(t) for c, t in df.dtypes.items()} == C.EXPORT_SCHEMA
     assert set(df[C.KIND]) == EXPECTED_KINDS[key]
@@ -336,11 +336,11 @@ def test_routing_table_schema_for_every_family(key):
 
 
 def test_routing_table_counts_for_gumbel():
-    from analysis.table import ExportMeta, RowMeta
+    from analysis.table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model("gumbel_v1")
     tr = run(model, ids(1, 4))
-    df = R.routing_table(tr, model, meta=ExportMeta(model="m", rows=[RowMeta("a", list(range(4)))]))
+    df = routing_table(tr, model, meta=ExportMeta(model="m", rows=[RowMeta("a", list(range(4)))]))
     c = model.config
     assert (df[C.KIND] == "prob").sum() == 4 * c.n_parallel_layers * (c.n_paths + 1)
     assert (df[C.KIND] == "cosine").sum() == 4 * c.n_parallel_layers * c.n_paths
@@ -350,12 +350,12 @@ def test_routing_table_counts_for_gumbel():
 
 
 def test_routing_table_from_a_generation_trace_marks_generated_positions():
-    from analysis.table import ExportMeta, RowMeta
+    from analysis.table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model("moep")
     g = generate(model, [1, 2, 3], max_new_tokens=4, trace_sites=None)
     meta = ExportMeta(model="m", rows=[RowMeta("a", g.ids, n_prompt=len(g.prompt_ids))])
-    df = R.routing_table(g.trace, model, meta=meta)
+    df = routing_table(g.trace, model, meta=meta)
     assert sorted(set(df[C.POSITION].dropna().astype(int))) == list(range(7))
     gen = df[df[C.PHASE] == "generated"]
     assert sorted(set(gen[C.POSITION].astype(int))) == [3, 4, 5, 6]
@@ -363,11 +363,11 @@ def test_routing_table_from_a_generation_trace_marks_generated_positions():
 
 
 def test_routing_table_wiola_with_atm_has_merge_rows(wiola_atm):
-    from analysis.table import ExportMeta, RowMeta
+    from analysis.table import ExportMeta, RowMeta, routing_table
 
     model, tr = wiola_atm
     rows = [RowMeta(str(b), list(range(12))) for b in range(2)]
-    df = R.routing_table(tr, model, meta=ExportMeta(model="m", rows=rows))
+    df = routing_table(tr, model, meta=ExportMeta(model="m", rows=rows))
     merges = R.atm_merges(tr)
     m = df[df[C.KIND] == "merge"]
     assert len(m) == len(merges)

@@ -47,7 +47,7 @@ def app_url():
     url = f"http://127.0.0.1:{port}"
     # the app's output is kept (an unread pipe could fill and stall it)
     with (ARTIFACTS / "app.log").open("w") as log, \
-            running([sys.executable, "-m", "analysis.cli", "app", "--port", str(port), "--headless", "--address",
+            running([sys.executable, "-m", "cli", "app", "--port", str(port), "--headless", "--address",
                      "127.0.0.1"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT) as proc:
         wait_for_health(url, proc)

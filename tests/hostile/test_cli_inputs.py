@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis import domain as D
-from analysis.cli import main
+from cli.main import main
 from core_models import tracing
 from core_models.checkpoint import load_checkpoint
 from tolerances import EPS32, FORWARD_EPS
@@ -87,7 +87,7 @@ def test_bad_option_values(capsys, tmp_path, argv, command, fragments):
 
 def test_huge_thread_count_is_refused_not_a_crash(tmp_path):
     """--threads 100000 used to reach torch.set_num_threads and segfault (so: a subprocess)."""
-    proc = subprocess.run([sys.executable, "-m", "analysis.cli", "--threads", "100000", "routes", str(CK)],
+    proc = subprocess.run([sys.executable, "-m", "cli", "--threads", "100000", "routes", str(CK)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2, (proc.returncode, proc.stderr)

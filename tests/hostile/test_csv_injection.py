@@ -193,7 +193,7 @@ def test_dataframe_csv_export_is_off():
 # --- the command line --------------------------------------------------------------------------
 
 def _export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis.cli", "--threads", "1", "export",
+    return subprocess.run([sys.executable, "-m", "cli", "--threads", "1", "export",
                            str(CHECKPOINTS / "papaformer-gumbel-v1"), *args, "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 

@@ -8,9 +8,10 @@ anything is loaded, with one line naming the option and the allowed range, and e
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
-from typing import Callable, NoReturn
+from typing import Callable, Iterator, NoReturn, Sequence
 
 SEED_MAX = 2**63 - 1  # seeds are stored in the export table's Int64 `seed` column
 
@@ -75,3 +76,43 @@ nonnegative_float = float_in(0.0, math.inf, hi_open=True)
 probability = float_in(0.0, 1.0, lo_open=True)  # (0, 1]
 port = int_in(1, 65535, "a port")
 
+
+
+class ChoicesOf(Sequence[str]):
+    """argparse `choices` read from the module that defines them (never retyped here), imported
+    on first use: most of those modules import torch, which `routescope --help` should not wait for.
+    Give a metavar (argparse formats the choices into one when an argument is added) and list the
+    choices in the help text, which is formatted only when shown:
+
+        p.add_argument("--routing", choices=ChoicesOf("core_models.runtime", "ROUTING_MODES"),
+                       metavar="MODE", help="one of %(choices)s")
+    """
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def _values(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.name))
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._values()[i]
+
+    def __len__(self) -> int:
+        return len(self._values())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values()
+
+    def __repr__(self) -> str:
+        return f"ChoicesOf({self.module}.{self.name})"
+
+
+def add_ablation_options(p: argparse.ArgumentParser) -> None:
+    """--routing, --drop and --force, as generate and export take them."""
+    p.add_argument("--routing", choices=ChoicesOf("core_models.runtime", "ROUTING_MODES"), default="deterministic",
+                   metavar="MODE", help="Gumbel routing at inference, one of %(choices)s (default %(default)s)")
+    p.add_argument("--drop", action="append", default=[], help="OPTION or LAYER:OPTION, repeatable")
+    p.add_argument("--force", action="append", default=[], help="LAYER:OPTION, repeatable")

@@ -1,0 +1,77 @@
+"""`routescope app`: start the Streamlit explorer (app/main.py) and stop it when stopped."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import options as O
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    a = sub.add_parser("app", help="start the browser explorer")
+    a.add_argument("--port", type=O.port, default=8501)
+    a.add_argument("--headless", action="store_true", help="do not open a browser")
+    a.add_argument("--address", default=None, help="address to listen on (default: Streamlit's)")
+    a.add_argument("--checkpoints", action="append", default=[], help="extra checkpoint root, repeatable")
+    a.set_defaults(func=run)
+
+
+def run_child(cmd: list[str], grace: float = 10.0, **popen_kw) -> int:
+    """Run cmd as a child and return its exit status (128 + n if signal n ended it). SIGINT,
+    SIGTERM and SIGHUP sent to this process are passed on to the child, which is waited for, so
+    stopping routescope stops what it started; if we leave by an exception the child is terminated
+    (killed after `grace` s). On Linux the kernel also sends it SIGTERM if routescope is killed
+    outright (SIGKILL)."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(cmd, preexec_fn=_term_with_parent if sys.platform == "linux" else None, **popen_kw)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda signum, _frame: child.send_signal(signum)) for s in forwarded}
+    try:
+        rc = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(grace)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    return rc if rc >= 0 else 128 - rc
+
+
+def _term_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the Streamlit explorer on the shipped checkpoints and wait for it; stopping routescope
+    (Ctrl-C, SIGTERM, SIGHUP) stops the Streamlit server too (run_child).
+
+    Never waits for input: Streamlit's first-run "Email:" prompt is off (it blocked a new machine,
+    terminal or not), and so are usage statistics. Without --headless Streamlit opens a browser."""
+    import importlib.util
+    import os
+
+    from analysis.catalog import ENV_ROOTS
+
+    spec = importlib.util.find_spec("app")  # locate the file only; nothing imports app/
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the app package is not installed; run pip install -e . from the repository")
+    main = os.path.join(list(spec.submodule_search_locations)[0], "main.py")
+    env = dict(os.environ)
+    if args.checkpoints:
+        env[ENV_ROOTS] = os.pathsep.join([*args.checkpoints, *filter(None, [env.get(ENV_ROOTS)])])
+    cmd = [sys.executable, "-m", "streamlit", "run", main, "--server.port", str(args.port),
+           "--server.headless", "true" if args.headless else "false", "--server.showEmailPrompt", "false",
+           "--browser.gatherUsageStats", "false"]
+    if args.address:
+        cmd += ["--server.address", args.address]
+    return run_child(cmd, env=env, cwd=os.path.dirname(os.path.dirname(main)))

@@ -1,0 +1,78 @@
+"""`routescope attribute`: attribute a next-token log-prob to input tokens or routing options."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from . import options as O
+from .common import load_with_tokenizer, write_json
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    a = sub.add_parser("attribute", help="attribute a next-token log-prob to tokens or routing options")
+    a.add_argument("checkpoint")
+    a.add_argument("--prompt", required=True, metavar="TEXT")
+    a.add_argument("--position", type=int, default=-1, help="position whose next token is explained (default: last)")
+    tok = a.add_mutually_exclusive_group()
+    tok.add_argument("--token", metavar="TEXT", help="target token text (one token; default: the model's top-1)")
+    tok.add_argument("--token-id", type=int, metavar="ID", help="target token id")
+    a.add_argument("--method", choices=O.ChoicesOf("analysis.attribution", "ALL_METHODS"), default="ig",
+                   metavar="METHOD", help="one of %(choices)s (ig: integrated gradients over input tokens; "
+                                          "ablation, shapley: routing options)")
+    a.add_argument("--baseline", choices=O.ChoicesOf("analysis.attribution", "BASELINES"), default="pad",
+                   metavar="BASELINE", help="ig baseline embedding, one of %(choices)s")
+    a.add_argument("--n-steps", type=O.positive_int, default=64, help="ig integration steps")
+    a.add_argument("--n-samples", type=O.positive_int, default=25, help="shapley permutations")
+    a.add_argument("--scope", choices=O.ChoicesOf("analysis.attribution", "SCOPES"), default="layer",
+                   metavar="SCOPE", help="one of %(choices)s: paths per (layer, option) or per option index "
+                                         "across layers")
+    a.add_argument("--seed", type=O.seed, default=0)
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=run)
+
+
+def _target_id(tok: Any, args: argparse.Namespace) -> int | None:
+    if args.token_id is not None:
+        return args.token_id
+    if args.token is None:
+        return None
+    ids = tok.encode(args.token).ids
+    if len(ids) != 1:
+        raise ValueError(f"--token {args.token!r} encodes to {len(ids)} tokens {ids}; give one token "
+                         f"(or --token-id)")
+    return ids[0]
+
+
+def run(args: argparse.Namespace) -> int:
+    from analysis.attribution import TOKEN_METHODS, PathAttribution, TokenAttribution
+
+    model, tok = load_with_tokenizer(args.checkpoint)
+    ids = tok.encode(args.prompt).ids[-model.context:]
+    if not ids:
+        raise ValueError("--prompt encodes to no tokens")
+    target = _target_id(tok, args)
+    if args.method in TOKEN_METHODS:
+        res = TokenAttribution(model).attribute(ids, args.position, target, n_steps=args.n_steps,
+                                                baseline=args.baseline)
+        df = res.frame(tok)
+        head = {"target_position": res.target_position, "target_token": tok.decode([res.target_token]),
+                "target_token_id": res.target_token, "log_prob": res.target_log_prob,
+                "baseline_log_prob": res.baseline_log_prob, "convergence_delta": res.convergence_delta,
+                "baseline": res.baseline, "n_steps": res.n_steps}
+    else:
+        df = PathAttribution(model).attribute(ids, args.position, target, method=args.method, scope=args.scope,
+                                              n_samples=args.n_samples, seed=args.seed)
+        t = int(df["token_id"].iloc[0])
+        head = {"target_position": int(df["position"].iloc[0]), "target_token": tok.decode([t]),
+                "target_token_id": t, "log_prob": float(df["full_log_prob"].iloc[0]), "method": args.method,
+                "scope": args.scope}
+        df = df.drop(columns=["position", "token_id"])
+    if args.json:
+        write_json({**head, "rows": json.loads(df.to_json(orient="records"))})
+    else:
+        for k, v in head.items():
+            sys.stdout.write(f"{k}: {v!r}\n" if isinstance(v, str) else f"{k}: {v}\n")
+        sys.stdout.write("\n" + df.to_string(index=False) + "\n")
+    return 0

@@ -1,0 +1,86 @@
+"""Helpers shared by the command modules: loading a checkpoint, reading a user's text file, JSON out."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+
+def load(path: str) -> tuple[Any, Any]:
+    """(model, tokenizer or None) of a checkpoint directory; errors name the file and field."""
+    from core_models.checkpoint import load_checkpoint
+    return load_checkpoint(path)
+
+
+def load_with_tokenizer(path: str) -> tuple[Any, Any]:
+    """`load`, and a ValueError if the checkpoint has no tokenizer (text prompts need one)."""
+    model, tok = load(path)
+    if tok is None:
+        raise ValueError(f"{path}: no tokenizer.json; text prompts need a tokenizer")
+    return model, tok
+
+
+class TokenText:
+    """Token id -> its decoded text, cached."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.cache = tok, {}
+
+    def __call__(self, ids: Sequence[int]) -> list[str]:
+        return [self.cache.setdefault(i, self.tok.decode([i])) for i in ids]
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a user's file (a leading byte order mark dropped); ValueError naming the
+    file for a directory, a missing or unreadable file, and bytes that are not UTF-8 (with their
+    line and byte offset)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a {what}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}: line {line} (byte offset {e.start}) is not UTF-8 text ({e.reason}); "
+                         f"save the {what} as UTF-8") from None
+
+
+def finite_json(obj):
+    """`obj` with each NaN/Infinity float as None (null): JSON has no such numbers, and json.dump
+    would write bare NaN, which strict parsers reject. Dump the result with allow_nan=False."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def write_json(doc: Any, *, indent: int | None = 1) -> None:
+    """`doc` to stdout as strict JSON (non-finite numbers as null), then a newline."""
+    json.dump(finite_json(doc), sys.stdout, ensure_ascii=False, indent=indent, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+def write_json_streamed(doc: dict, key: str, items: Iterable[Any]) -> None:
+    """write_json(doc with doc[key] = list(items)), writing the items one by one. doc[key] must
+    hold None as a placeholder."""
+    text = json.dumps(finite_json(doc), ensure_ascii=False, indent=1, allow_nan=False)
+    slot = f"\n {json.dumps(key)}: null"  # unique: quotes inside strings are escaped
+    head, _, tail = text.partition(slot)
+    sys.stdout.write(head + slot.removesuffix("null") + "[")
+    n = 0
+    for item in items:
+        body = json.dumps(finite_json(item), ensure_ascii=False, indent=1, allow_nan=False).replace("\n", "\n  ")
+        sys.stdout.write(("," if n else "") + "\n  " + body)
+        n += 1
+    sys.stdout.write(("\n ]" if n else "]") + tail + "\n")

@@ -1,0 +1,35 @@
+"""`routescope compose`: build an untrained PaPaformer from pre-trained path checkpoints."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import options as O
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("compose", help="build a PaPaformer from pre-trained path checkpoints")
+    c.add_argument("--paths", nargs="+", required=True)
+    c.add_argument("--combiner", required=True, choices=O.ChoicesOf("core_models.papaformer", "COMBINERS"),
+                   metavar="NAME", help="one of %(choices)s")
+    c.add_argument("--out", required=True)
+    c.add_argument("--n-large-pre", type=O.nonnegative_int, default=1)
+    c.add_argument("--n-large-post", type=O.nonnegative_int, default=1)
+    c.add_argument("--seed", type=O.seed, default=0)
+    c.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from core_models.checkpoint import load_checkpoint, save_checkpoint
+    from core_models.training.compose import compose
+
+    loaded = [load_checkpoint(p) for p in args.paths]
+    model = compose([m for m, _ in loaded], args.combiner, n_large_pre=args.n_large_pre,
+                    n_large_post=args.n_large_post, seed=args.seed)
+    card = (f"# composed {args.combiner}\n\nUntrained composition of {', '.join(args.paths)} "
+            f"(blocks -> parallel paths, embeddings concatenated); train it on mixed data.\n")
+    save_checkpoint(model, args.out, tokenizer=loaded[0][1], card=card, dtype=torch.float32)
+    sys.stdout.write(f"wrote {args.out}\n")
+    return 0

@@ -1,0 +1,51 @@
+"""`routescope generate`: continue a prompt, with the top next-token probabilities of every step."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import options as O
+from .common import load_with_tokenizer, write_json
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("generate", help="continue a prompt, with top-k next-token probabilities per step")
+    g.add_argument("checkpoint")
+    g.add_argument("prompt")
+    g.add_argument("--max-new-tokens", type=O.nonnegative_int, default=32)
+    g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    g.add_argument("--temperature", type=O.positive_float, default=1.0, help="> 0")
+    g.add_argument("--top-k", type=O.nonnegative_int, default=0, help="0: no top-k filter")
+    g.add_argument("--top-p", type=O.probability, default=1.0, help="in (0, 1]; 1: no nucleus filter")
+    g.add_argument("--seed", type=O.seed, default=0)
+    g.add_argument("--top-n", type=O.positive_int, default=5,
+                   help="candidates shown per step (at most the vocabulary size)")
+    O.add_ablation_options(g)
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from core_models.generate import Sampling, generate
+    from core_models.runtime import Ablation
+
+    model, tok = load_with_tokenizer(args.checkpoint)
+    ids = tok.encode(args.prompt).ids
+    sampling = Sampling(greedy=not args.sample, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, seed=args.seed)
+    gen = generate(model, ids, max_new_tokens=args.max_new_tokens, sampling=sampling, top_n=args.top_n,
+                   ablation=Ablation.parse(args.drop, args.force), routing=args.routing, routing_seed=args.seed)
+    text = tok.decode(gen.new_ids)
+    if args.json:
+        steps = [{"position": s.position, "token": tok.decode([s.token_id]), "token_id": s.token_id,
+                  "prob": s.prob, "top": [{"token": tok.decode([i]), "token_id": i, "prob": p}
+                                          for i, p in zip(s.top_ids, s.top_probs)]} for s in gen.steps]
+        write_json({"prompt": args.prompt, "continuation": text, "truncated": gen.truncated, "steps": steps})
+    else:
+        for note in gen.notes:
+            sys.stderr.write(f"note: {note}\n")
+        sys.stdout.write(args.prompt + text + "\n\n")
+        for s in gen.steps:
+            cands = ", ".join(f"{tok.decode([i])!r} {p:.1%}" for i, p in zip(s.top_ids, s.top_probs))
+            sys.stdout.write(f"{s.position:4d} {tok.decode([s.token_id])!r:>14}  {cands}\n")
+    return 0
