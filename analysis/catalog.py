@@ -40,11 +40,6 @@ def describe(path: str | os.PathLike) -> CheckpointInfo:
         config = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         return CheckpointInfo(path.name, str(path), "?", problem=f"config.json unreadable ({e})")
-    family = str(config.get("family", "?"))
-    if family == "papaformer":
-        family = f"papaformer/{config.get('combiner', '?')}"
-    elif family == "llama" and config.get("ffn") == "pagmlp":
-        family = "llama/pagmlp"
     summary = {}
     if (path / "training.json").is_file():
         try:
@@ -52,13 +47,15 @@ def describe(path: str | os.PathLike) -> CheckpointInfo:
         except (OSError, json.JSONDecodeError):
             summary = {}
     problem = None if (path / "model.safetensors").is_file() else "no model.safetensors"
-    params = summary.get("params_total")
-    if params is None:  # imported or hand-made: count from the config (no weights read)
-        from core_models import config_from_dict, param_count
-        try:
-            params = param_count(config_from_dict(config))
-        except ValueError as e:
-            problem = problem or f"config.json: {e}"
+    family, params = str(config.get("family", "?")) if isinstance(config, dict) else "?", summary.get("params_total")
+    from core_models import config_from_dict, param_count
+    try:
+        cfg = config_from_dict(config)
+        family = cfg.label  # the one family label (core_models config.label)
+        if params is None:  # imported or hand-made: count from the config (no weights read)
+            params = param_count(cfg)
+    except ValueError as e:
+        problem = problem or f"config.json: {e}"
     return CheckpointInfo(name=path.name, path=str(path), family=family, params=params,
                           params_active=summary.get("params_active"), val_loss=summary.get("val_loss", {}),
                           has_tokenizer=(path / "tokenizer.json").is_file(), problem=problem)

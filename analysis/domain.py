@@ -220,7 +220,8 @@ def layer_routes(trace: Trace, config: Any, *, majority: bool = False, position:
     return df
 
 
-def _sites(config: Any) -> list[str]:
+def route_sites(config: Any) -> list[str]:
+    """The sites `token_routes` reads (Gumbel: router choices; Share-Linear: path and combined outputs)."""
     if config.combiner == "share_linear":
         return [f"parallel.{i}.{s}" for i in range(config.n_parallel_layers)
                 for s in ["combined"] + [f"paths.{j}.out" for j in range(config.n_paths)]]
@@ -244,8 +245,8 @@ def batch_routes(model: Any, batch: Sequence[Sequence[int]], *, majority: bool =
     require_papaformer(model.config)
     lengths = [len(ids) for ids in batch]
     T, pad = max(lengths), max(0, model.config.pad_id)
-    x = torch.tensor([list(ids) + [pad] * (T - len(ids)) for ids in batch])  # (B, T)
-    with tracing(_sites(model.config)) as tr:
+    x = torch.tensor([list(ids) + [pad] * (T - len(ids)) for ids in batch], device=model.device)  # (B, T)
+    with tracing(route_sites(model.config)) as tr:
         model(x)
     return prompt_routes(token_routes(tr, model.config), lengths, majority=majority)
 
@@ -360,7 +361,8 @@ def table6(routes: pd.DataFrame, probes: pd.DataFrame, paper: pd.DataFrame | Non
 
 
 def route_summary(routes: pd.DataFrame, n_paths: int, *, combined: bool, source: str = "ours") -> pd.DataFrame:
-    """Long table (source, metric, value): share of (prompt, layer) routes per path ("path j"),
+    """Long table (source, metric, value): share of (prompt, layer) routes per route number ("route j",
+    1-based as the paper numbers them: route j = path j - 1),
     the combined share (Gumbel), routing accuracy and the number of routes counted. Undefined
     (NA) routes are left out of every fraction."""
     tally = RouteTally()
@@ -387,7 +389,7 @@ class RouteTally:
         n = int(self.per_route[1:].sum())
         count = lambda k: int(self.per_route[k]) if k < len(self.per_route) else 0  # noqa: E731
         frac = (lambda x: float(x) / n) if n else (lambda x: float("nan"))
-        rows = [(f"path {j}", frac(count(j))) for j in range(1, n_paths + 1)]
+        rows = [(f"route {j}", frac(count(j))) for j in range(1, n_paths + 1)]
         if combined:
             rows.append(("combined", frac(count(n_paths + 1))))
         rows.append(("accuracy", frac(self.n_correct)))

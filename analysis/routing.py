@@ -8,7 +8,8 @@ also take the model (or its config) where they need its shape or weights; each s
 Traces from `core_models.generate.generate` work too: sites with a position axis are concatenated
 over the prompt and every generated step, so positions run over prompt + generated tokens.
 
-Family coverage: `gumbel_routes` (PaPaformer Gumbel), `cosine_dominance` (PaPaformer, MoEP),
+Family coverage: `option_weights` (any routing layer recording its option weights: the view of a
+family without analyses of its own), `gumbel_routes` (PaPaformer Gumbel), `cosine_dominance` (PaPaformer, MoEP),
 `topk_routes` / `topk_utilisation` / `topk_coselection` (MoEP), `pgpt_paths` (ParallelGPT),
 `atm_merges` / `atm_summary` / `dsff_gates` / `gcla_betas` (Wiola), `pagmlp_pathways` (PAGMLP).
 `analysis.table.routing_table` turns them into the one export table (table imports routing, never the reverse).
@@ -24,7 +25,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from core_models.base import RouteScopeLM
 from core_models.runtime import Trace
+from core_models.sites import OPTION_WEIGHTS, site_name
 
 from . import columns as C
 
@@ -57,10 +60,6 @@ def _np(x: torch.Tensor) -> np.ndarray:
     return x.detach().float().cpu().numpy() if x.is_floating_point() else x.detach().cpu().numpy()
 
 
-def _config(model_or_config: Any) -> Any:
-    return getattr(model_or_config, "config", model_or_config)
-
-
 def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     """Standard Gumbel samples -log(-log(u)), u ~ U(0, 1) from `generator`."""
     u = torch.rand(shape, generator=generator, dtype=torch.float32).clamp_(1e-10, 1.0 - 1e-7)
@@ -69,34 +68,27 @@ def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator) -> torch.Te
 
 # --- PaPaformer Gumbel routers ----------------------------------------------------------------
 
-def option_labels(config: Any) -> list[str]:
-    """PaPaformer option names: "path 1".. "path k", then "combined" for Gumbel combiners."""
-    labels = [f"path {j + 1}" for j in range(config.n_paths)]
-    return labels + (["combined"] if config.combiner != "share_linear" else [])
-
-
-def gumbel_routes(trace: Trace, model_or_config: Any, *, n_samples: int = 0, seed: int = 0) -> pd.DataFrame:
+def gumbel_routes(trace: Trace, model: RouteScopeLM, *, n_samples: int = 0, seed: int = 0) -> pd.DataFrame:
     """Per batch row, position, parallel layer and candidate: router logit, noise-free probability,
     whether it is the noise-free argmax, whether the call used it (recorded choice: differs from
     the argmax under sampled or forced routing) and, with n_samples > 0, routing stability: the
     fraction of `n_samples` Gumbel samples (logits + Gumbel noise, torch.Generator seeded with
     `seed`, layers drawn in order) whose argmax equals the noise-free argmax (NaN when
-    n_samples = 0). Takes the model or its config for the layer count and option names."""
-    cfg = _config(model_or_config)
-    if getattr(cfg, "family", "") != "papaformer" or cfg.combiner == "share_linear":
-        raise ValueError("gumbel_routes needs a PaPaformer with a Gumbel combiner (gumbel_v1 / gumbel_v2)")
+    n_samples = 0). Takes the model for its routing layers and option labels."""
+    layers = {name: m for name, m in model.routing_modules.items() if m.stochastic}
+    if not layers:
+        raise ValueError(f"gumbel_routes needs a model with Gumbel routers; {model.config.label} has none")
     if n_samples < 0:
         raise ValueError(f"n_samples = {n_samples}: must be >= 0")
-    labels = np.array(option_labels(cfg))
     gen = torch.Generator().manual_seed(seed)
     frames = []
-    for i in range(cfg.n_parallel_layers):
-        layer = f"parallel.{i}"
-        logits = site(trace, f"{layer}.router.logits").float()  # (B, T, n)
-        probs = site(trace, f"{layer}.router.probs").float()
+    for layer, m in layers.items():
+        labels = np.array(m.option_labels())
+        logits = site(trace, site_name(layer, "router", "logits")).float()  # (B, T, n)
+        probs = site(trace, site_name(layer, "router", "probs")).float()
         B, T, n = logits.shape
         arg = logits.argmax(-1)  # (B, T)
-        name = f"{layer}.router.choice"
+        name = site_name(layer, "router", "choice")
         choice = trace[name] if name in trace else arg
         if n_samples:
             noisy = logits.unsqueeze(0) + gumbel_noise((n_samples, B, T, n), gen)
@@ -111,6 +103,28 @@ def gumbel_routes(trace: Trace, model_or_config: Any, *, n_samples: int = 0, see
             C.STABILITY: _np(stab)[b, t], C.N_SAMPLES: n_samples,
         }))
     return pd.concat(frames, ignore_index=True)
+
+
+# --- any routing layer: its option weights -----------------------------------------------------
+
+def option_weights(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
+    """Per batch row, position, routing layer that records `<layer>.option_weights` ([batch, pos,
+    n_options], core_models.sites.OPTION_WEIGHTS) and option: its label, its weight in the call, and
+    whether it is the layer's largest weight for that token (first on ties). The analysis of a
+    family that has none of its own; layers without the site have no rows."""
+    frames = []
+    for layer, m in model.routing_modules.items():
+        name = site_name(layer, OPTION_WEIGHTS)
+        if name not in trace:
+            continue
+        w = trace[name].float()  # (B, T, n)
+        B, T, n = w.shape
+        top = F.one_hot(w.argmax(-1), n).bool()  # (B, T, n)
+        b, t, o = grid_indices(B, T, n)
+        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o,
+                                    C.LABEL: np.array(m.option_labels())[o], C.WEIGHT: _np(w).ravel(),
+                                    C.SELECTED: _np(top).ravel()}))
+    return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.OPTION, C.LABEL, C.WEIGHT, C.SELECTED])
 
 
 # --- top-k routers (MoEP) ---------------------------------------------------------------------
@@ -324,7 +338,7 @@ def pagmlp_pathways(trace: Trace, model: Any) -> pd.DataFrame:
     frames = []
     for (i,) in numbered(trace, r"blocks\.(\d+)\.ffn\.alpha"):
         layer = f"blocks.{i}.ffn"
-        down = model.get_submodule(layer).down.weight.detach().float()  # (d, h)
+        down = model.get_submodule(layer).down.weight.detach().float().cpu()  # (d, h); the trace is on the CPU
         half = down.shape[1] // 2
         scales = [float(trace[f"{layer}.alpha"]), float(trace[f"{layer}.beta"])]
         acts = [site(trace, f"{layer}.swiglu_out").float(), site(trace, f"{layer}.geglu_out").float()]

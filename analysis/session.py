@@ -10,10 +10,11 @@ from typing import Any
 import pandas as pd
 import torch
 
+from core_models.base import RouteScopeLM
 from core_models.generate import Generation, Sampling, generate
-from core_models.runtime import Ablation, Trace, tracing
+from core_models.runtime import Ablation, Trace
 
-from . import routing as R
+from .families import RoutingViews, family_analysis
 from .table import ExportMeta, RowMeta, routing_table
 
 
@@ -29,26 +30,39 @@ class RunSettings:
     seed: int = 0
     routing: str = "deterministic"  # Gumbel routing at inference: noise-free argmax, or seeded samples
     top_n: int = 10  # next-token candidates kept per step
-    atm_tau: float | None = None  # Wiola: None = the model's threshold
+    # the family's own per-call options (model.run_options(), e.g. Wiola's atm_tau) as (name, value)
+    # pairs, for the family's second pass (generation runs with the KV cache and the model's defaults)
+    options: tuple[tuple[str, Any], ...] = ()
 
     def sampling(self) -> Sampling:
         return Sampling(greedy=self.greedy, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                         seed=self.seed)
 
 
+@dataclass(frozen=True)
+class TokenSpan:
+    """Positions start..end-1 whose text only decodes together (a character split over byte-level
+    tokens, e.g. an emoji or a Hebrew letter); `text` is their decoded text."""
+
+    start: int
+    end: int
+    text: str
+
+
 @dataclass
 class Run:
     model_name: str
-    family: str
+    family: str  # config.label
     prompt: str
     settings: RunSettings
     ablation: Ablation
     generation: Generation
-    tokens: list[str]  # decoded text of every position as run (prompt, then generated)
+    tokens: list[str]  # decoded text of every position as run (prompt, then generated), token by token
+    spans: list[TokenSpan]  # every position once, in order: single tokens, or tokens decoding only together
     table: pd.DataFrame  # the export table (analysis.columns.EXPORT_SCHEMA)
-    views: dict[str, pd.DataFrame]  # family routing views, by name
+    views: RoutingViews  # the family's routing views
     seconds: float  # wall time of the run (forward passes + analyses)
-    atm_trace: Trace | None = None  # Wiola: a forward with token merging on (for merge maps)
+    second_trace: Trace | None = None  # the family's second pass (Wiola: token merging on)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -59,45 +73,48 @@ class Run:
     def ids(self) -> list[int]:
         return self.generation.ids
 
-
-def family_of(model: Any) -> str:
-    c = model.config
-    if c.family == "papaformer":
-        return "papaformer-share-linear" if c.combiner == "share_linear" else f"papaformer-{c.combiner.replace('_', '-')}"
-    if c.family == "llama" and getattr(c, "ffn", "") == "pagmlp":
-        return "pagmlp"
-    return c.family
-
-
-def family_views(trace: Trace, model: Any, *, atm_trace: Trace | None = None, atm_tau: float | None = None
-                 ) -> dict[str, pd.DataFrame]:
-    """The analysis tables the app draws for this model's family."""
-    c, views = model.config, {}
-    if c.family == "papaformer":
-        views["cosine"] = R.cosine_dominance(trace)
-        if c.combiner != "share_linear":
-            views["gumbel"] = R.gumbel_routes(trace, c)
-    elif c.family == "moep":
-        views["topk"] = R.topk_routes(trace)
-        views["utilisation"] = R.topk_utilisation(trace)
-        views["coselection"] = R.topk_coselection(trace)
-    elif c.family == "pgpt":
-        views["pgpt"] = R.pgpt_paths(trace)
-    elif c.family == "wiola":
-        views["dsff"] = R.dsff_gates(trace)
-        views["gcla"] = R.gcla_betas(trace)
-        if atm_trace is not None:
-            views["atm"] = R.atm_merges(atm_trace, tau=atm_tau)
-            views["atm_summary"] = R.atm_summary(atm_trace, tau=atm_tau)
-    elif c.family == "llama" and c.ffn == "pagmlp":
-        views["pagmlp"] = R.pagmlp_pathways(trace, model)
-    return views
+    def display_tokens(self) -> list[str]:
+        """Per position, the text to show: its own, or for a token of a multi-token span the span's
+        text with the token's place in it ("😀 (1/2)"), never a replacement character per byte."""
+        out = list(self.tokens)
+        for sp in self.spans:
+            n = sp.end - sp.start
+            if n > 1:
+                for k in range(n):
+                    out[sp.start + k] = f"{sp.text} ({k + 1}/{n})"
+        return out
 
 
 def decode_tokens(tokenizer: Any, ids: list[int]) -> list[str]:
     if tokenizer is None:
         return [f"<{i}>" for i in ids]
     return [tokenizer.decode([i]) for i in ids]
+
+
+REPLACEMENT = "\ufffd"  # what decoding shows for an incomplete UTF-8 sequence
+MAX_SPAN = 8  # tokens: a character is at most 4 bytes, and a token holds at least one of them
+
+
+def token_spans(tokenizer: Any, ids: list[int]) -> list[TokenSpan]:
+    """Group positions whose tokens decode to U+FFFD alone but to text together (byte-level BPE
+    splits multi-byte characters over tokens): the shortest run from a token with a replacement
+    character (up to MAX_SPAN tokens) that decodes to fewer replacement characters than its tokens
+    one by one. Other positions are spans of one token."""
+    texts = decode_tokens(tokenizer, ids)
+    spans, i = [], 0
+    while i < len(ids):
+        end = i + 1
+        if tokenizer is not None and REPLACEMENT in texts[i]:
+            alone = texts[i].count(REPLACEMENT)
+            for j in range(i + 2, min(len(ids), i + MAX_SPAN) + 1):
+                alone += texts[j - 1].count(REPLACEMENT)
+                joined = tokenizer.decode(ids[i:j])
+                if joined.count(REPLACEMENT) < alone and REPLACEMENT not in joined[-1:]:
+                    end = j
+                    break
+        spans.append(TokenSpan(i, end, texts[i] if end == i + 1 else tokenizer.decode(ids[i:end])))
+        i = end
+    return spans
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
@@ -112,29 +129,27 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
 
 
 @torch.inference_mode()
-def run_prompt(model: Any, tokenizer: Any, prompt: str, *, settings: RunSettings = RunSettings(),
+def run_prompt(model: RouteScopeLM, tokenizer: Any, prompt: str, *, settings: RunSettings = RunSettings(),
                ablation: Ablation | None = None, model_name: str = "model", prompt_id: str = "p0") -> Run:
     """Generate, trace every routing site of prompt and continuation, and build the tables."""
     t0 = time.perf_counter()
     ablation = ablation or Ablation()
+    options = model.check_options(dict(settings.options))  # a family's own options, or a clear error
     ids = encode_prompt(tokenizer, prompt)
     gen = generate(model, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling(),
                    top_n=settings.top_n, ablation=ablation, routing=settings.routing, routing_seed=settings.seed,
                    trace_sites=None)
     tokens = decode_tokens(tokenizer, gen.ids)
-    atm_trace = None
-    if model.config.family == "wiola":  # merge maps need a forward with ATM on (no KV cache)
-        sites = [n for n in model.site_names() if ".atm." in n]
-        with tracing(sites) as atm_trace:
-            model(torch.tensor([gen.ids]), ablation=ablation, atm=True, atm_tau=settings.atm_tau)
+    family = family_analysis(model)
+    second = family.second_pass(model, gen.ids, ablation, options) if family.second_pass else None
     meta = ExportMeta(model=model_name, rows=[RowMeta(prompt_id=prompt_id, token_ids=gen.ids, tokens=tokens,
                                                       n_prompt=len(gen.prompt_ids))],
                       ablation=ablation.describe(), seed=settings.seed)
-    views = family_views(gen.trace, model, atm_trace=atm_trace, atm_tau=settings.atm_tau)
+    views = family.views(gen.trace, model, second=second, options=options)
     table = routing_table(gen.trace, model, meta=meta, views=views)  # reuses the views' frames
-    return Run(model_name=model_name, family=family_of(model), prompt=prompt, settings=settings,
-               ablation=ablation, generation=gen, tokens=tokens, table=table, views=views,
-               seconds=time.perf_counter() - t0, atm_trace=atm_trace, notes=list(gen.notes))
+    return Run(model_name=model_name, family=model.config.label, prompt=prompt, settings=settings,
+               ablation=ablation, generation=gen, tokens=tokens, spans=token_spans(tokenizer, gen.ids), table=table,
+               views=views, seconds=time.perf_counter() - t0, second_trace=second, notes=list(gen.notes))
 
 
 def candidates_table(run: Run, tokenizer: Any = None) -> pd.DataFrame:
@@ -152,29 +167,3 @@ def provenance(run: Run) -> dict[str, Any]:
     """What an export needs to be reproduced."""
     return {"model": run.model_name, "family": run.family, "prompt": run.prompt,
             "settings": asdict(run.settings), "ablation": run.ablation.describe()}
-
-
-def option_labels(model: Any) -> dict[str, list[str]]:
-    """Human names of the options of every routing layer (what an ablation toggle drops)."""
-    c, out = model.config, {}
-    for layer, n in model.routing_layers().items():
-        if c.family == "papaformer":
-            names = [f"path {j + 1}" for j in range(c.n_paths)] + (["combined"] if n > c.n_paths else [])
-        elif c.family == "pgpt":
-            names = [f"path {j + 1}" for j in range(n)]
-        elif c.family == "moep":
-            names = [f"{'expert' if layer.startswith('moe_') else 'block'} {j}" for j in range(n)]
-        elif c.family == "wiola":
-            names = ["stream A (SwiGLU)", "stream B (GELU)"]
-        elif layer.endswith(".ffn"):
-            names = ["SwiGLU pathway", "GEGLU pathway"]
-        else:
-            names = [f"option {j}" for j in range(n)]
-        out[layer] = names
-    return out
-
-
-def can_force(model: Any) -> bool:
-    """Whether forcing a route means something beyond dropping the others (a router decides)."""
-    c = model.config
-    return (c.family == "papaformer" and c.combiner != "share_linear") or c.family in ("moep", "pgpt", "wiola")

@@ -31,6 +31,7 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
     with left:
         st.subheader("Switch off")
         ab = ablation.controls(model)
+        st.caption("Options count from 0, as in ablation specs (`drop *:1`) and the export's option column.")
     t0 = time.perf_counter()
     try:
         cur = resources.run(path, mtime, prompt, settings, ab)
@@ -40,7 +41,7 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
         return
     elapsed = time.perf_counter() - t0
     with right:
-        st.caption(f"Ablation: `{ab.describe()}` · updated in {elapsed * 1000:.0f} ms "
+        st.caption(f"Ablation: {ablation.describe(ab, model)} · updated in {elapsed * 1000:.0f} ms "
                    f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
                    help="Runs are cached per checkpoint, prompt, settings and ablation.")
         view = st.segmented_control("View", VIEWS, default=VIEWS[0], key=K.VIEW, label_visibility="collapsed")
@@ -65,29 +66,39 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
     elif view == "Table 6":
         table6.show(model, path, mtime)
     else:
-        export.show(cur, tok, routing.figures(cur, model), table6.cached_report(model, path, mtime),
+        export.show(cur, tok, routing.figures(cur, model), table6.default_report(model, path, mtime),
                     resources.export_bytes(path, mtime, prompt, settings, cur.ablation))
 
 
+def prompt_box() -> str:
+    """The prompt, taken when Generate is pressed (or Ctrl+Enter in the box)."""
+    with st.form(K.PROMPT_FORM, border=False):
+        prompt = st.text_area("Prompt", DEFAULT_PROMPT, key=K.PROMPT, height=80)
+        st.form_submit_button("Generate", type="primary", key=K.GENERATE, help="Ctrl+Enter in the box does the same")
+    return prompt
+
+
 def main() -> None:
-    sel = sidebar.sidebar()
-    if sel is None:
+    info = sidebar.pick()
+    if info is None:
         st.stop()
-    prompt = st.text_area("Prompt", DEFAULT_PROMPT, key=K.PROMPT, height=80)
-    path, mtime = sel.info.path, resources.stamp(sel.info.path)
+    prompt = prompt_box()
+    path, mtime = info.path, resources.stamp(info.path)
     try:
         model, tok = resources.load(path, mtime)
     except Exception as e:
-        show_error(e, f"Cannot open {sel.info.name}: ", hide=path)
+        show_error(e, f"Cannot open {info.name}: ", hide=path)
         st.stop()
+    settings = sidebar.settings(model)
+    ablation.reset_for(path)
     if tok is None:
-        st.warning(f"{sel.info.name} has no tokenizer.json: text prompts need a tokenizer "
+        st.warning(f"{info.name} has no tokenizer.json: text prompts need a tokenizer "
                    "(import it again with --tokenizer).")
         st.stop()
     if not prompt.strip():
         st.warning("The prompt is empty: type some text for the model to continue.")
         st.stop()
-    explorer(path, mtime, prompt, sel.settings)
+    explorer(path, mtime, prompt, settings)
 
 
 main()

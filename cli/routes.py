@@ -170,8 +170,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     at = "majority over tokens" if args.majority else "last prompt token"
     k = cfg.n_paths
-    legend = (f"routes 1..{k} = paths, {k + 1} = combined" if combined
-              else f"route = the path (1..{k}) whose output has the highest cosine with the combined output")
+    legend = (f"routes numbered from 1 as in the paper: route j = path j - 1 (paths count from 0), "
+              f"{k + 1} = combined" if combined
+              else f"route j = path j - 1 (numbered from 1 as in the paper), the path whose output has the highest "
+                   f"cosine with the combined output")
     sys.stdout.write(f"Table 6 routes: {cfg.combiner}, {cfg.n_parallel_layers} parallel layers, route at the {at}\n"
                      f"({legend})\n")
     if paper_col and k != D.PAPER_N_PATHS:
@@ -181,6 +183,6 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     for src, g in summ.groupby(C.SOURCE, sort=False):
         vals = dict(zip(g[C.METRIC], g[C.VALUE]))
-        shares = "  ".join(f"{m} {vals[m]:.1%}" for m in vals if m.startswith("path") or m == "combined")
+        shares = "  ".join(f"{m} {vals[m]:.1%}" for m in vals if m.startswith("route") or m == "combined")
         sys.stdout.write(f"{src:>5}: {shares}  accuracy {vals['accuracy']:.1%}  ({int(vals['n_routes'])} routes)\n")
     return 0

@@ -1,5 +1,7 @@
 """What every family's model shares: the per-call entry point, site naming, cache set-up and
-parameter counts. Families implement `_forward(idx) -> logits` and, where they route, `routing_layers()`."""
+parameter counts. Families implement `_forward(idx) -> logits`; where they route, their routing
+modules subclass `sites.RoutingLayer` and `routing_layers()` finds them; family-specific per-call
+options are declared by `run_options()` and checked on every call."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,9 +11,10 @@ from torch import nn
 
 from . import runtime
 from .config import BaseConfig
-from .layers import PAGMLP, Attention
+from .layers import Attention
 from .runtime import Ablation, KVCache, RunState
-from .sites import Site, name_sites
+from .sites import RoutingLayer, Site, name_sites
+from .sites import routing_layers as find_routing_layers
 
 
 class InputError(ValueError):
@@ -31,46 +34,60 @@ class RouteScopeLM(nn.Module):
     vocab_size: int
 
     def _finalize(self) -> None:
-        """Call at the end of a family's __init__: names sites, numbers attention layers."""
+        """Call at the end of a family's __init__: names sites and routing layers by their module
+        paths, numbers attention layers."""
         self.sites: dict[str, Site] = name_sites(self)
+        self.routing_modules: dict[str, RoutingLayer] = find_routing_layers(self)
         self.attn_layers = [m for m in self.modules() if isinstance(m, Attention)]
         for i, m in enumerate(self.attn_layers):
             m.layer_id = i
-        for name, m in self.named_modules():
-            if isinstance(m, PAGMLP):
-                m.routing_name = name
 
     # --- family hooks ---------------------------------------------------------------------
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) -> logits (B, T, V)
         raise NotImplementedError
 
-    def routing_layers(self) -> dict[str, int]:
-        """Routing layer name -> number of options (paths/blocks/experts) it chooses among."""
-        layers = {}
-        for name, m in self.named_modules():
-            if isinstance(m, PAGMLP):
-                layers[name] = PAGMLP.n_options
-        return layers
-
     def aux_weights(self) -> dict[str, float]:
-        """Weight of each auxiliary loss term in `aux_loss` (training)."""
+        """Weight of each auxiliary loss term in `aux_loss` (training), keyed by the constants the
+        family's modules record their terms under; a recorded term without a weight is an error."""
         return {}
+
+    def run_options(self) -> dict[str, str]:
+        """Family-specific per-call options this model accepts (name -> what it does); forward
+        rejects any other option given a value (None always means the model's default)."""
+        return {}
+
+    # --- routing layers -----------------------------------------------------------------------
+    def routing_layers(self) -> dict[str, int]:
+        """Routing layer name -> number of options it chooses among, in module order."""
+        return {name: m.n_options for name, m in self.routing_modules.items()}
+
+    def option_labels(self) -> dict[str, list[str]]:
+        """Routing layer name -> the label of each option (0-based, as ablation specs count)."""
+        return {name: m.option_labels() for name, m in self.routing_modules.items()}
 
     # --- public API -------------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, *, ablation: Ablation | None = None, routing: str = "deterministic",
                 seed: int | None = None, generator: torch.Generator | None = None,
                 cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
-                atm: bool | None = None, atm_tau: float | None = None) -> LMOutput:
+                **options) -> LMOutput:
+        """Logits of `idx` (B, T). `options`: the family's own per-call options (`run_options()`,
+        e.g. Wiola's atm / atm_tau); None means the model's default."""
         self.check_input(idx, cache)
+        device = self.device
+        if idx.device != device:  # callers build ids on model.device; this covers any that do not
+            idx = idx.to(device)
+        if pad_mask is not None and pad_mask.device != device:
+            pad_mask = pad_mask.to(device)
         ablation = ablation or runtime.NO_ABLATION
         if not ablation.is_empty:
             ablation.validate(self.routing_layers())
         if routing not in runtime.ROUTING_MODES:
             raise ValueError(f"routing = {routing!r}: expected one of {runtime.ROUTING_MODES}")
+        options = self.check_options(options)
         if generator is None and (routing == "sampled" or self.training):
             generator = torch.Generator().manual_seed(0 if seed is None else seed)
         state = RunState(ablation=ablation, routing=routing, generator=generator, cache=cache,
-                         training=self.training, pad_mask=pad_mask, atm=atm, atm_tau=atm_tau)
+                         training=self.training, pad_mask=pad_mask, options=options)
         with runtime.running(state):
             logits = self._forward(idx)
         if cache is not None:
@@ -78,8 +95,22 @@ class RouteScopeLM(nn.Module):
         out = LMOutput(logits=logits, aux=state.aux)
         if state.aux:
             w = self.aux_weights()
-            out.aux_loss = sum(w.get(k, 0.0) * v for k, v in state.aux.items())
+            unweighted = sorted(set(state.aux) - set(w))
+            if unweighted:
+                raise KeyError(f"{self.config.label}: auxiliary loss term(s) {', '.join(unweighted)} have no weight "
+                               f"in aux_weights() (weighted: {', '.join(w) or 'none'})")
+            out.aux_loss = sum(w[k] * v for k, v in state.aux.items())
         return out
+
+    def check_options(self, options: dict) -> dict:
+        """The options given a value (not None); ValueError naming any this family does not take."""
+        given = {k: v for k, v in options.items() if v is not None}
+        known = self.run_options()
+        bad = sorted(set(given) - set(known))
+        if bad:
+            takes = f"it takes {', '.join(known)}" if known else "it takes none"
+            raise ValueError(f"{', '.join(bad)}: not an option of {self.config.label} models ({takes})")
+        return given
 
     def check_input(self, idx: torch.Tensor, cache: KVCache | None = None) -> None:
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
@@ -93,6 +124,11 @@ class RouteScopeLM(nn.Module):
         total = idx.shape[1] + (cache.pos if cache is not None else 0)
         if total > self.context:
             raise InputError(f"{total} tokens exceed the context length {self.context}")
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live; inputs built for this model go there (traces come back on the CPU)."""
+        return next(self.parameters()).device
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.attn_layers))

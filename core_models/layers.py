@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import runtime
-from .sites import Site
+from .sites import RoutingLayer, Site
 
 NORMS = ("rms", "layer")
 FFNS = ("swiglu", "geglu", "pagmlp", "gelu")
@@ -204,7 +204,7 @@ def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None)
     return x * keep / (1.0 - p)
 
 
-class PAGMLP(nn.Module):
+class PAGMLP(RoutingLayer):
     """Parallel Adaptive Gated MLP: a SwiGLU and a GEGLU pathway of hidden/2 units each, scaled by
     alpha and beta, concatenated, one down projection, then dropout (p = `dropout`, the paper's 0.1,
     while training only). Same matrices as a SwiGLU of width `hidden` plus one or two scalars.
@@ -215,6 +215,7 @@ class PAGMLP(nn.Module):
     paper's learned alpha, beta = 0.53, 0.47 (summing to 1) suggests."""
 
     n_options = 2  # 0 = SwiGLU pathway, 1 = GEGLU pathway
+    option_noun = "pathway"
 
     def __init__(self, dim: int, hidden: int, bias: bool = False, dropout: float = 0.0,
                  gate: str = "independent") -> None:
@@ -231,14 +232,16 @@ class PAGMLP(nn.Module):
         self.beta = Site("[] sigmoid(b), or 1 - alpha if complementary: GEGLU pathway scale", pos_axis=None)
         self.swiglu_out = Site("[batch, pos, hidden/2] scaled SwiGLU pathway (before down projection)")
         self.geglu_out = Site("[batch, pos, hidden/2] scaled GEGLU pathway (before down projection)")
-        self.routing_name = ""  # set by the model: this layer's name for ablations
+
+    def option_labels(self) -> list[str]:
+        return ["SwiGLU pathway", "GEGLU pathway"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self.gate(x), self.up(x)  # (B, T, h)
         a = torch.sigmoid(self.a)
         alpha, beta = self.alpha(a), self.beta(torch.sigmoid(self.b) if self.b is not None else 1.0 - a)
         st = runtime.current()
-        dropped = st.ablation.dropped(self.routing_name)
+        dropped = self.skipped()  # no router: forcing a pathway drops the other
         h = self.half  # narrow: cheaper per call than g[..., :h] on the decoding path
         s = F.silu(g.narrow(-1, 0, h)) * u.narrow(-1, 0, h) * (0.0 if 0 in dropped else alpha)
         e = gelu_exact(g.narrow(-1, h, h)) * u.narrow(-1, h, h) * (0.0 if 1 in dropped else beta)

@@ -41,6 +41,10 @@ class LlamaConfig(BaseConfig):
         self.one_of("pagmlp_gate", PAGMLP_GATES)
 
     @property
+    def label(self) -> str:
+        return "pagmlp" if self.ffn == "pagmlp" else self.family  # the pagmlp preset's name
+
+    @property
     def hidden(self) -> int:
         if self.ffn_hidden:
             return self.ffn_hidden

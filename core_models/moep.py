@@ -82,7 +82,7 @@ from .config import BaseConfig
 from .layers import Block, BlockSpec, init_weights, scaled_residual_init
 from .pgpt import GPTEmbedding
 from .routers import Route, TopKRouter
-from .sites import Site
+from .sites import RoutingLayer, Site
 
 EXPERTS = ("linear", "swiglu")
 BALANCE_LOSSES = ("entropy", "switch")  # entropy: the paper's eq. 2 (stated intent); switch: Fedus et al.
@@ -209,26 +209,28 @@ def make_expert(c: MoEPConfig, in_dim: int, out_dim: int) -> nn.Module:
     return LinearExpert(in_dim, out_dim)
 
 
-class MoE(nn.Module):
+class MoE(RoutingLayer):
     """Token-level top-k mixture of E experts in_dim -> out_dim; each expert sees only its tokens."""
+
+    option_noun = "expert"
+    can_force = True  # the top-k router decides
 
     def __init__(self, c: MoEPConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
-        self.config, self.out_dim = c, out_dim
+        self.config, self.out_dim, self.n_options = c, out_dim, c.n_experts
         # pre-norm like every GPT-2 sublayer: without it the signal through two multiplicative
         # (SwiGLU) width changes with no residual shrinks to ~1e-11 at init
         self.norm = nn.LayerNorm(in_dim, eps=1e-5, bias=c.ln_bias)
         self.router = TopKRouter(in_dim, c.n_experts, c.expert_top_k)
         self.experts = nn.ModuleList(make_expert(c, in_dim, out_dim) for _ in range(c.n_experts))
         self.out = Site(f"[batch, pos, {out_dim}] weighted sum of the selected experts' outputs")
-        self.name = ""  # routing-layer name, set by the model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         x = self.norm(x)
         route = self.router(x, self.name)
         add_balance_term(self.config, self.name, route)
-        dropped = runtime.current().ablation.dropped(self.name)
+        dropped = self.dropped()
         flat = x.reshape(B * T, C)  # (N, in)
         sel = route.indices.reshape(B * T, -1)  # (N, k)
         gate = route.weights.reshape(B * T, -1)  # (N, E), 0 where unselected
@@ -257,24 +259,26 @@ class ParallelBlock(Block):
         return self.out(super().forward(x))  # (B, T, d')
 
 
-class ParallelLayer(nn.Module):
+class ParallelLayer(RoutingLayer):
     """sum over the top-k blocks of weight * block(x), chosen per token by a TopKRouter. The weights
     sum to 1 and every block has its own residual, so zeroed blocks make the layer the identity."""
 
+    option_noun = "block"
+    can_force = True  # the top-k router decides
+
     def __init__(self, c: MoEPConfig) -> None:
         super().__init__()
-        self.config = c
+        self.config, self.n_options = c, c.n_blocks
         self.router = TopKRouter(c.d_par, c.n_blocks, c.top_k)
         self.blocks = nn.ModuleList(ParallelBlock(c.spec(c.d_par, c.n_par_heads)) for _ in range(c.n_blocks))
         self.combined = Site("[batch, pos, d_par] weighted sum of the selected blocks' outputs")
         self.out = Site("[batch, pos, d_par] layer output (= combined; the residual is inside each block)")
-        self.name = ""  # routing-layer name, set by the model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         st = runtime.current()
         route = self.router(x, self.name)  # weights: (B, T, P), 0 where unselected
         add_balance_term(self.config, self.name, route)
-        dropped = st.ablation.dropped(self.name)
+        dropped = self.dropped()
         if st.cache is not None:  # every block must see every position to keep its cache whole
             run = range(len(self.blocks))
         else:  # blocks no token selected would only be multiplied by 0
@@ -309,15 +313,7 @@ class MoEP(RouteScopeLM):
                     nn.init.normal_(lin.weight, 0.0, lin.in_features ** -0.5)
         if c.tie_embeddings:
             self.head.weight = self.embed.wte.weight
-        self.moe_shrink.name, self.moe_grow.name = "moe_shrink", "moe_grow"
-        for i, layer in enumerate(self.parallel):
-            layer.name = f"parallel.{i}"
         self._finalize()
-
-    def routing_layers(self) -> dict[str, int]:
-        c = self.config
-        return {"moe_shrink": c.n_experts, **{f"parallel.{i}": c.n_blocks for i in range(c.n_parallel_layers)},
-                "moe_grow": c.n_experts}
 
     def aux_weights(self) -> dict[str, float]:
         """Each router's own lambda for its balance term (summed over routers, see the docstring)."""

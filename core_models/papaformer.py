@@ -23,7 +23,10 @@ Auxiliary terms (Gumbel, training; routers.GumbelRouter): on the Gumbel-softmax 
 per layer -mean_t H(pi_t) (soft per-token routing, the paper's stated aim and the reference's
 `entropy_loss = -mean(entropy)`) and -H(mean_t pi_t) (balanced use: the stated intent; the
 reference code adds +H(mean), which would reward imbalance). Each is recorded at
-`parallel.{i}.router.aux.entropy` / `.aux.balance` and summed over layers with weight aux_lambda.
+`parallel.{i}.router.aux.entropy` / `.aux.balance` and summed over layers with weight aux_lambda
+(the balance term: balance_lambda when set). Optional, not in the paper: ST-MoE's router z-loss
+(`z_lambda` > 0, site `.aux.z`). Training recipes (temperature annealing, router warm-up with
+frozen paths) live in the trainer's TrainConfig; see checkpoints/experiments/gumbel-routing.md.
 
 Ablation semantics (routing layer `parallel.{i}`, options 0..k-1 = paths, k = combined):
 - drop path j: its block is not run; its slot in the concatenation is zeros; Gumbel routers also
@@ -41,8 +44,8 @@ from . import runtime
 from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import ROPES, Block, BlockSpec, RMSNorm, init_weights
-from .routers import AUX_BALANCE, AUX_ENTROPY, GumbelRouter
-from .sites import Site
+from .routers import AUX_BALANCE, AUX_ENTROPY, AUX_Z, GUMBEL_TAU, ROUTE_TARGETS, GumbelRouter
+from .sites import RoutingLayer, Site
 
 COMBINERS = ("share_linear", "gumbel_v1", "gumbel_v2")
 
@@ -65,6 +68,8 @@ class PapaformerConfig(BaseConfig):
     tie_embeddings: bool = True
     gumbel_tau: float = 1.0
     aux_lambda: float = 0.01  # weight of each Gumbel aux term (reference: lambda_entropy = lambda_load = 0.01)
+    balance_lambda: float | None = None  # weight of the balance term alone (None: aux_lambda)
+    z_lambda: float = 0.0  # > 0: add ST-MoE's router z-loss with this weight (not in the paper)
     # options that express the paper's reference code exactly (defaults: RouteScope's own models)
     rope: str = "half"
     attn_out_proj: bool = True
@@ -86,6 +91,9 @@ class PapaformerConfig(BaseConfig):
         self.one_of("combiner", COMBINERS)
         self.one_of("rope", ROPES)
         self.require(self.gumbel_tau > 0, "gumbel_tau", "must be > 0")
+        for f in ("aux_lambda", "balance_lambda", "z_lambda"):
+            v = getattr(self, f)
+            self.require(v is None and f == "balance_lambda" or v is not None and v >= 0, f, "must be >= 0")
         self.require(self.norm_eps > 0, "norm_eps", "must be > 0")
         self.require(self.pad_id < self.vocab_size, "pad_id", "must be < vocab_size (or -1 for none)")
         self.require(not (self.fused_grow and self.combiner != "share_linear"), "fused_grow",
@@ -95,6 +103,10 @@ class PapaformerConfig(BaseConfig):
         return BlockSpec(dim=dim, n_heads=heads, n_kv_heads=heads, ffn="swiglu", ffn_hidden=self.ffn_mult * dim,
                          norm="rms", norm_eps=self.norm_eps, rope=self.rope, context=self.context,
                          attn_out_proj=self.attn_out_proj, swiglu_beta=self.swiglu_beta)
+
+    @property
+    def label(self) -> str:
+        return f"papaformer-{self.combiner.replace('_', '-')}"  # as the presets are named
 
     @property
     def n_options(self) -> int:
@@ -113,9 +125,16 @@ class Path(nn.Module):
         return self.out(self.block(x))
 
 
-class ParallelLayer(nn.Module):
+class ParallelLayer(RoutingLayer):
+    """Routing layer `parallel.{i}`: options 0..k-1 are the paths, k (Gumbel combiners) the combined
+    representation."""
+
+    option_noun = "path"
+
     def __init__(self, c: PapaformerConfig, out_dim: int, grow: bool) -> None:
         super().__init__()
+        self.n_options = c.n_options
+        self.can_force = self.stochastic = c.combiner != "share_linear"  # a Gumbel router decides
         self.combiner = c.combiner
         self.residual = c.parallel_residual
         self.paths = nn.ModuleList(Path(c.spec(c.d_par, c.n_par_heads)) for _ in range(c.n_paths))
@@ -126,19 +145,19 @@ class ParallelLayer(nn.Module):
         else:
             self.combine = nn.Linear(k * dp, dp, bias=c.router_bias)
             router_in = dp if c.combiner == "gumbel_v1" else k * dp
-            self.router = GumbelRouter(router_in, k + 1, bias=c.router_bias, tau=c.gumbel_tau)
+            self.router = GumbelRouter(router_in, k + 1, bias=c.router_bias, tau=c.gumbel_tau, z_loss=c.z_lambda > 0)
             self.routed = Site("[batch, pos, d_par] router-weighted sum of the candidates (before grow)")
         self.combined = Site("[batch, pos, d_par] combined representation (Share-Linear: the layer output; "
                              "d_model wide in the last layer when fused_grow)")
         self.grow = nn.Linear(dp, c.d_model, bias=False) if grow else None
         self.out = Site("[batch, pos, width] layer output as passed on (after grow in the last layer)")
-        self.name = ""  # routing-layer name, set by the model
+
+    def option_labels(self) -> list[str]:
+        return [f"path {j}" for j in range(len(self.paths))] + ["combined"] * (self.router is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ab = runtime.current().ablation
-        forced, dropped = ab.forced(self.name), ab.dropped(self.name)
-        if forced is not None and self.router is None:
-            dropped = frozenset(range(len(self.paths))) - {forced}
+        # Share-Linear has no router: forcing a path drops the others; a Gumbel router gets the force
+        dropped = self.dropped() if self.router is not None else self.skipped()
         outs = [torch.zeros_like(x) if j in dropped else p(x) for j, p in enumerate(self.paths)]  # k x (B, T, d')
         cat = torch.cat(outs, dim=-1)  # (B, T, k*d')
         comb = self.combined(self.combine(cat))
@@ -173,15 +192,20 @@ class Papaformer(RouteScopeLM):
         init_weights(self)
         if c.tie_embeddings:
             self.head.weight = self.embed.weight
-        for i, layer in enumerate(self.parallel):
-            layer.name = f"parallel.{i}"
         self._finalize()
 
-    def routing_layers(self) -> dict[str, int]:
-        return {f"parallel.{i}": self.config.n_options for i in range(self.config.n_parallel_layers)}
-
     def aux_weights(self) -> dict[str, float]:
-        return {AUX_ENTROPY: self.config.aux_lambda, AUX_BALANCE: self.config.aux_lambda}
+        c = self.config
+        balance = c.aux_lambda if c.balance_lambda is None else c.balance_lambda
+        return {AUX_ENTROPY: c.aux_lambda, AUX_BALANCE: balance, AUX_Z: c.z_lambda}
+
+    def run_options(self) -> dict[str, str]:
+        if self.config.combiner == "share_linear":
+            return {}
+        return {GUMBEL_TAU: "Gumbel-softmax temperature of a training call (the trainer's annealing schedule); "
+                            "default: the config's gumbel_tau",
+                ROUTE_TARGETS: "(batch, pos) option every token must take in every parallel layer while "
+                               "training, -1 = the router's choice (the trainer's domain-route warm-up)"}
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         if self.config.pad_id >= 0:

@@ -26,7 +26,7 @@ from . import runtime
 from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import Block, BlockSpec, init_weights, scaled_residual_init
-from .sites import Site
+from .sites import RoutingLayer, Site
 
 MIXES = ("softmax", "sigmoid")
 
@@ -117,13 +117,30 @@ class PathMixer(nn.Module):
         return self.weights(w)  # (P,)
 
 
+class Paths(RoutingLayer, nn.ModuleList):
+    """The P parallel paths, as a list (module path `paths`, so the state dict keys are the paths'
+    own) and as the routing layer whose options the mixer weighs."""
+
+    option_noun = "path"
+    can_force = True  # the learned mix decides; forcing one path is pgpt-1 on that path
+
+    @property
+    def n_options(self) -> int:
+        return len(self)
+
+    def kept(self) -> list[int]:
+        """Paths the call in progress runs (dropped and unforced ones are never computed)."""
+        skipped = self.skipped()
+        return [j for j in range(len(self)) if j not in skipped]
+
+
 class PGPT(RouteScopeLM):
     def __init__(self, config: PGPTConfig) -> None:
         super().__init__()
         c = self.config = config
         self.context, self.vocab_size = c.context, c.vocab_size
         self.embed = GPTEmbedding(c.vocab_size, c.context, c.d_model)
-        self.paths = nn.ModuleList(PGPTPath(c) for _ in range(c.n_paths))
+        self.paths = Paths(PGPTPath(c) for _ in range(c.n_paths))
         self.mixer = PathMixer(c)
         self.mixed = Site("[batch, pos, d_model] weighted sum of the path outputs")
         self.ln_f = nn.LayerNorm(c.d_model, eps=1e-5, bias=c.ln_bias)
@@ -134,14 +151,8 @@ class PGPT(RouteScopeLM):
             self.head.weight = self.embed.wte.weight
         self._finalize()
 
-    def routing_layers(self) -> dict[str, int]:
-        return {"paths": self.config.n_paths}
-
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
-        ab = runtime.current().ablation
-        forced = ab.forced("paths")
-        keep = [j for j in range(self.config.n_paths)
-                if j not in ab.dropped("paths") and (forced is None or j == forced)]
+        keep = self.paths.kept()
         x = self.embed(idx)  # (B, T, d)
         w = self.mixer(keep)  # (P,)
         y = sum(w[j] * self.paths[j](x) for j in keep)  # dropped paths never run

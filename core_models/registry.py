@@ -1,21 +1,27 @@
 """Families and named presets as plain data (litgpt-style): `from_name("papaformer-gumbel-v2", n_parallel_layers=3)`."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Any
 
-from .base import RouteScopeLM
-from .config import BaseConfig, ConfigError
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
-# family -> (module, config class, model class, parameter-count function)
+from .base import RouteScopeLM
+from .config import BaseConfig, ConfigError, json_kind, short_repr
+
+# family -> (module, config class, model class, parameter-count function); modules are imported
+# when the family is first used. A new family is one line here (or a register_family call).
 FAMILIES: dict[str, tuple[str, str, str, str]] = {
-    "llama": ("llama", "LlamaConfig", "Llama", "llama_param_count"),
-    "papaformer": ("papaformer", "PapaformerConfig", "Papaformer", "papaformer_param_count"),
-    "pgpt": ("pgpt", "PGPTConfig", "PGPT", "pgpt_param_count"),
-    "lgpt": ("pgpt", "ShrinkGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
-    "cgpt": ("pgpt", "CGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
-    "moep": ("moep", "MoEPConfig", "MoEP", "moep_param_count"),
-    "wiola": ("wiola", "WiolaConfig", "Wiola", "wiola_param_count"),
+    "llama": ("core_models.llama", "LlamaConfig", "Llama", "llama_param_count"),
+    "papaformer": ("core_models.papaformer", "PapaformerConfig", "Papaformer", "papaformer_param_count"),
+    "pgpt": ("core_models.pgpt", "PGPTConfig", "PGPT", "pgpt_param_count"),
+    "lgpt": ("core_models.pgpt", "ShrinkGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
+    "cgpt": ("core_models.pgpt", "CGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
+    "moep": ("core_models.moep", "MoEPConfig", "MoEP", "moep_param_count"),
+    "wiola": ("core_models.wiola", "WiolaConfig", "Wiola", "wiola_param_count"),
 }
 
 # preset name -> (family, fields). Shipped checkpoints keep the paper ratios at d = 128, d' = 64,
@@ -41,11 +47,18 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _family(name: str) -> tuple[type[BaseConfig], type[RouteScopeLM], Any]:
-    if name not in FAMILIES:
-        raise ConfigError(f"family = {name!r}: unknown; known families: {', '.join(FAMILIES)}")
+    if not isinstance(name, str) or name not in FAMILIES:
+        what = "unknown" if isinstance(name, str) else f"expected a string, got {json_kind(name)}"
+        raise ConfigError(f"family = {short_repr(name)}: {what}; known families: {', '.join(FAMILIES)}")
     mod, cfg, model, count = FAMILIES[name]
-    m = importlib.import_module(f"core_models.{mod}")
+    m = importlib.import_module(mod)
     return getattr(m, cfg), getattr(m, model), getattr(m, count)
+
+
+def register_family(family: str, module: str, config: str, model: str, count: str) -> None:
+    """Add a family defined in another module (an importable module path and the names of its
+    config class, model class and parameter-count function in it), as a FAMILIES line would."""
+    FAMILIES[family] = (module, config, model, count)
 
 
 def register_presets(presets: dict[str, tuple[str, dict[str, Any]]]) -> None:
@@ -74,15 +87,45 @@ def from_name(name: str, **overrides: Any) -> BaseConfig:
 
 
 def config_from_dict(d: dict[str, Any]) -> BaseConfig:
+    if not isinstance(d, dict):
+        raise ConfigError(f"expected a JSON object of config fields, got {json_kind(d)}")
     if "family" not in d:
         raise ConfigError("config: missing field 'family'")
     cfg_cls, _, _ = _family(d["family"])
     return cfg_cls.from_dict(d)
 
 
-def build_model(config: BaseConfig) -> RouteScopeLM:
+class _SkipParameterInit(TorchFunctionMode):
+    """Skips the random initialisation of parameters (nn.init.* and in-place fills on an nn.Parameter
+    or a meta tensor).
+
+    For a model whose every parameter is overwritten next (from a checkpoint): init is wasted work,
+    about half of building a model (and on the meta device it would load torch's Python meta kernels,
+    seconds per process). Everything else runs, so buffers computed in __init__ (RoPE/SRPE tables)
+    are exact. A torch function mode is thread-local: models built meanwhile in other threads are
+    initialised as usual."""
+
+    _FILLS = frozenset({"normal_", "uniform_", "zero_", "fill_", "copy_"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")
+        if (isinstance(target, nn.Parameter) or (isinstance(target, torch.Tensor) and target.is_meta)) and (
+                getattr(func, "__module__", None) == "torch.nn.init" or getattr(func, "__name__", None) in self._FILLS):
+            return target
+        return func(*args, **kwargs)
+
+
+def build_model(config: BaseConfig, *, device: str | torch.device | None = None, init: bool = True) -> RouteScopeLM:
+    """The model `config` describes. device="meta" builds shapes only (no memory); init=False leaves
+    parameters uninitialised (torch.empty) for the caller to fill in."""
     _, model_cls, _ = _family(config.family)
-    return model_cls(config)
+    with contextlib.ExitStack() as stack:
+        if device is not None:
+            stack.enter_context(torch.device(device))
+        if not init:
+            stack.enter_context(_SkipParameterInit())
+        return model_cls(config)
 
 
 def param_count(config: BaseConfig) -> int:

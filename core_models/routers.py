@@ -36,11 +36,20 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
 # Keys of the Gumbel router's auxiliary terms in `LMOutput.aux` (each summed over the routing layers).
 AUX_ENTROPY = "routing_entropy"  # -mean_t H(pi_t): minimising it keeps per-token routing soft
 AUX_BALANCE = "load_balance"  # -H(mean_t pi_t): minimising it spreads usage over the options
+AUX_Z = "router_z"  # mean_t logsumexp(z_t)^2 (ST-MoE router z-loss): keeps router logits small
+GUMBEL_TAU = "gumbel_tau"  # per-call option: the Gumbel-softmax temperature of a training step
+ROUTE_TARGETS = "route_targets"  # per-call option: (B, T) option each token must take while training (-1: free)
 
 
 def soft_routing_loss(pi: torch.Tensor) -> torch.Tensor:
     """(..., n) Gumbel-softmax probabilities -> scalar -mean H(pi): lower = softer per-token routing."""
     return -entropy(pi).mean()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """(..., n) raw router logits -> scalar mean (log sum_i exp z_i)^2 (Zoph et al. 2022, ST-MoE eq. 5):
+    penalises large logits, so routing stays soft enough to keep learning."""
+    return torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
 def balance_loss(pi: torch.Tensor) -> torch.Tensor:
@@ -55,6 +64,8 @@ class GumbelAux(nn.Module):
         super().__init__()
         self.entropy = Site("[] scalar: this layer's -mean_t H(pi_t) (nats), its AUX_ENTROPY share", pos_axis=None)
         self.balance = Site("[] scalar: this layer's -H(mean_t pi_t) (nats), its AUX_BALANCE share", pos_axis=None)
+        self.z = Site("[] scalar: this layer's mean_t logsumexp(z_t)^2, its AUX_Z share (when z_loss is on)",
+                      pos_axis=None)
 
 
 class GumbelRouter(nn.Module):
@@ -70,12 +81,19 @@ class GumbelRouter(nn.Module):
     The reference evaluates both on its straight-through output, whose forward value is the hard
     one-hot (so both read ~0 and only their gradients act); we evaluate them on pi itself, which
     gives the same kind of gradient and a value that means something.
+    With z_loss=True a third term, AUX_Z = mean_t logsumexp(z_t)^2 on the raw logits (ST-MoE's router
+    z-loss; not in the paper), is recorded too. The temperature is `tau` unless the call gives one
+    (`forward(gumbel_tau=...)`: the trainer's annealing schedule). `forward(route_targets=...)`, a
+    (B, T) tensor, makes every token with a target >= 0 take that option while training (the forward
+    value is its one-hot; the straight-through gradient still reaches the router through pi).
     """
 
-    def __init__(self, in_dim: int, n_options: int, bias: bool = True, tau: float = 1.0) -> None:
+    def __init__(self, in_dim: int, n_options: int, bias: bool = True, tau: float = 1.0,
+                 z_loss: bool = False) -> None:
         super().__init__()
         self.proj = nn.Linear(in_dim, n_options, bias=bias)
         self.tau = tau
+        self.z_loss = z_loss
         self.logits = Site("[batch, pos, n_options] router logits (dropped options -inf)")
         self.probs = Site("[batch, pos, n_options] noise-free softmax of the router logits")
         self.choice = Site("[batch, pos] chosen option (int64)")
@@ -93,12 +111,18 @@ class GumbelRouter(nn.Module):
             weights = F.one_hot(choice, logits.shape[-1]).type_as(logits)
         elif st.training:
             g = _gumbel_like(logits, st.generator)
-            pi = self.pi(torch.softmax((logits + g) / self.tau, dim=-1))  # (B, T, n) eqs. 8-9
+            tau = st.options.get(GUMBEL_TAU, self.tau)
+            pi = self.pi(torch.softmax((logits + g) / tau, dim=-1))  # (B, T, n) eqs. 8-9
             choice = pi.argmax(-1)
+            targets = st.options.get(ROUTE_TARGETS)
+            if targets is not None:  # a curriculum's routes (e.g. each document's own domain path)
+                choice = torch.where(targets >= 0, targets.to(choice.device), choice)
             hard = F.one_hot(choice, logits.shape[-1]).type_as(pi)
             weights = hard - pi.detach() + pi  # straight-through: hard forward, soft gradient
             _add_aux(st.aux, AUX_ENTROPY, self.aux.entropy(soft_routing_loss(pi)))
             _add_aux(st.aux, AUX_BALANCE, self.aux.balance(balance_loss(pi)))
+            if self.z_loss:
+                _add_aux(st.aux, AUX_Z, self.aux.z(router_z_loss(logits)))
         else:
             noisy = logits + _gumbel_like(logits, st.generator) if st.routing == "sampled" else logits
             choice = noisy.argmax(-1)
@@ -111,8 +135,10 @@ def _add_aux(aux: dict[str, torch.Tensor], key: str, term: torch.Tensor) -> None
 
 
 def _gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    # drawn on the CPU (the call's generator is a CPU one): the same seed gives the same noise, and so
+    # the same sampled routes, on every device
     u = torch.rand(x.shape, generator=generator, dtype=torch.float32).clamp_(1e-10, 1.0 - 1e-7)
-    return (-torch.log(-torch.log(u))).to(x.dtype)
+    return (-torch.log(-torch.log(u))).to(device=x.device, dtype=x.dtype)
 
 
 class TopKRouter(nn.Module):

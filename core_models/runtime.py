@@ -10,7 +10,7 @@ import contextlib
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -136,8 +136,9 @@ class RunState:
     cache: KVCache | None = None
     training: bool = False
     pad_mask: torch.Tensor | None = None  # (B, T) True where the token is padding (keys masked)
-    atm: bool | None = None  # Wiola token merging: None = model default
-    atm_tau: float | None = None
+    # the family's own per-call options given a value (model.run_options(): Wiola's atm / atm_tau,
+    # the Gumbel temperature of a training step); absent = the model's default
+    options: dict[str, Any] = field(default_factory=dict)
     aux: dict[str, torch.Tensor] = field(default_factory=dict)  # auxiliary losses collected per call
 
 
@@ -168,7 +169,8 @@ SiteEdit = Callable[[torch.Tensor], torch.Tensor]
 class Trace:
     """Tensors recorded at routing sites during the calls made inside `tracing(...)`.
 
-    Each visit stores a detached copy. Calls made during generation append one record per
+    Each visit stores a detached CPU copy (float32 for a bfloat16/float16 model), wherever the
+    model runs. Calls made during generation append one record per
     step; `trace[name]` concatenates records of sites with a position axis along that axis.
     """
 
@@ -193,7 +195,7 @@ class Trace:
                 recs = self.records[name] = []
                 self.pos_axis[name] = pos_axis
                 self.shapes[name] = shape
-            recs.append(x.detach().clone() if x.requires_grad else x.clone())
+            recs.append(_record(x))
         return x
 
     def names(self) -> list[str]:
@@ -215,6 +217,23 @@ class Trace:
 
     def steps(self, name: str) -> list[torch.Tensor]:
         return list(self.records[name])
+
+
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _record(x: torch.Tensor) -> torch.Tensor:
+    """The copy a trace keeps: detached, on the CPU, reduced-precision floats widened to float32
+    (exact), so analyses, numpy and the export read any model's trace alike. Taken when the site
+    fires: the copy is needed anyway, so a GPU model pays one device-to-host copy instead of a
+    device clone, and no trace holds device memory. A CPU float32 tensor is cloned (the fast path);
+    a model on the meta device records shapes (meta tensors: there is no data to copy)."""
+    if x.is_cpu and x.dtype not in _REDUCED:
+        return x.detach().clone() if x.requires_grad else x.clone()
+    dtype = torch.float32 if x.dtype in _REDUCED else x.dtype
+    if x.is_meta:
+        return x.detach().to(dtype=dtype)
+    return x.detach().to(device="cpu", dtype=dtype, copy=True)
 
 
 _TRACE: ContextVar[Trace | None] = ContextVar("routescope_trace", default=None)

@@ -1,15 +1,35 @@
-"""Routing sites: identity modules at every routing decision or blend.
+"""Routing sites and routing layers: both named by their module path.
 
-Like TransformerLens hook points, a site is named by its module path (set once by
-`name_sites`), so a name is never typed twice. A site costs one ContextVar read when no trace is
-active; nothing is ever registered on the module, so nothing can be left behind.
+A `Site` is an identity module at a routing decision or blend. Like TransformerLens hook points it
+is named by its module path (set once by `name_sites`), so a name is never typed twice; `site_name`
+builds a name from its parts wherever code must refer to one (as TransformerLens's get_act_name).
+A site costs one ContextVar read when no trace is active; nothing is ever registered on the module,
+so nothing can be left behind.
+
+A `RoutingLayer` is a module that chooses among options per call (paths, blocks, experts, streams,
+pathways). It carries what the rest of RouteScope needs to know about its choice: how many options,
+their labels, whether forcing one means more than dropping the others. Its module path is the layer
+name that ablations, analysis tables and the app use.
 """
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from . import runtime
 from .runtime import _TRACE
+
+# Site of a routing layer, relative to it, that generic analyses read when a family has no analysis
+# of its own: [batch, pos, n_options] weight of each option in this call (0 where unused or dropped).
+OPTION_WEIGHTS = "option_weights"
+
+
+def site_name(*parts: object) -> str:
+    """The full name of a site from its module path parts: site_name("parallel", 0, "router", "probs")
+    -> "parallel.0.router.probs"; site_name(layer, "combined") -> "<layer>.combined"."""
+    return ".".join(str(p) for p in parts if p != "")
 
 
 class Site(nn.Module):
@@ -32,11 +52,51 @@ class Site(nn.Module):
         return f"{self.name!r}, shape={self.shape}"
 
 
+class RoutingLayer(nn.Module):
+    """Base of a module that chooses among `n_options` options per call; named by its module path.
+
+    Subclasses give `n_options` (class attribute, instance attribute or property) and
+    `option_noun` ("path", "expert", ...), or override `option_labels`. `can_force`: forcing an
+    option means more than dropping the others (a router decides, so a forced route is a
+    counterfactual); `stochastic`: sampled routing draws from this layer's router. Options are
+    numbered from 0 everywhere (ablation specs, tables, labels)."""
+
+    option_noun: ClassVar[str] = "option"
+    can_force: bool = False
+    stochastic: bool = False
+    n_options: int
+    name: str = ""  # module path, set by name_sites
+
+    def option_labels(self) -> list[str]:
+        return [f"{self.option_noun} {j}" for j in range(self.n_options)]
+
+    def dropped(self) -> frozenset[int]:
+        """Options the call in progress drops at this layer."""
+        return runtime.current().ablation.dropped(self.name)
+
+    def forced(self) -> int | None:
+        """The option the call in progress forces at this layer, if any."""
+        return runtime.current().ablation.forced(self.name)
+
+    def skipped(self) -> frozenset[int]:
+        """Options not run in this call: the dropped ones, and with a forced option every other
+        (for layers without a router, forcing = dropping the others)."""
+        forced = self.forced()
+        return self.dropped() if forced is None else frozenset(range(self.n_options)) - {forced}
+
+
 def name_sites(model: nn.Module) -> dict[str, Site]:
-    """Give every Site its module path as name; return them in forward order of definition."""
+    """Give every Site and RoutingLayer its module path as name; return the sites in forward order
+    of definition."""
     sites = {}
     for name, mod in model.named_modules():
-        if isinstance(mod, Site):
+        if isinstance(mod, (Site, RoutingLayer)):
             mod.name = name
+        if isinstance(mod, Site):
             sites[name] = mod
     return sites
+
+
+def routing_layers(model: nn.Module) -> dict[str, RoutingLayer]:
+    """Every RoutingLayer of `model` by name (module path), in module order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, RoutingLayer)}

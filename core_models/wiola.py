@@ -82,6 +82,11 @@ from .wiola_parts import (SRPE, DualStreamFFN, TokenMerger, WiolaRMSNorm, first_
                           merge_groups, restore_groups, take_positions)
 
 
+# per-call options (forward(atm=..., atm_tau=...), model.run_options())
+ATM = "atm"
+ATM_TAU = "atm_tau"
+
+
 @dataclass(frozen=True)
 class WiolaConfig(BaseConfig):
     family = "wiola"
@@ -283,25 +288,26 @@ class Wiola(RouteScopeLM):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.n_layers))
         if c.tie_embeddings:
             self.head.weight = self.embed.weight
-        for i, block in enumerate(self.blocks):
-            block.dsff.routing_name = f"blocks.{i}.dsff"
         self._finalize()
 
-    def routing_layers(self) -> dict[str, int]:
-        return {f"blocks.{i}.dsff": DualStreamFFN.n_options for i in range(self.config.n_layers)}
+    def run_options(self) -> dict[str, str]:
+        return {ATM: "merge similar adjacent tokens for attention (adaptive token merging); default: "
+                     "while training, or at inference when the config's atm_inference is set",
+                ATM_TAU: "cosine threshold above which adjacent tokens merge; default: the config's atm_tau"}
 
     def atm_threshold(self) -> float | None:
         """Merge threshold of the call in progress, or None when ATM is off for it."""
         st, c = runtime.current(), self.config
-        if st.atm and st.cache is not None:
+        atm, atm_tau = st.options.get(ATM), st.options.get(ATM_TAU)
+        if atm and st.cache is not None:
             raise ValueError("ATM (adaptive token merging) cannot run with a KV cache: merging changes "
                              "earlier positions; call with atm=False (or None) when decoding with a cache")
-        on = st.atm if st.atm is not None else (st.training or c.atm_inference)
+        on = atm if atm is not None else (st.training or c.atm_inference)
         if not on or st.cache is not None:
             return None
-        tau = c.atm_tau if st.atm_tau is None else float(st.atm_tau)
+        tau = c.atm_tau if atm_tau is None else float(atm_tau)
         if not math.isfinite(tau):
-            raise ValueError(f"atm_tau = {st.atm_tau!r}: must be a finite cosine threshold")
+            raise ValueError(f"atm_tau = {atm_tau!r}: must be a finite cosine threshold")
         return tau
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:

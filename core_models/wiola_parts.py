@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import runtime
 from .layers import MLP, SwiGLU, rms_norm
-from .sites import Site
+from .sites import RoutingLayer, Site
 
 ROPE_BASE = 10000.0
 
@@ -148,7 +147,7 @@ class TokenMerger(nn.Module):
 
 # --- dual-stream feed-forward ------------------------------------------------------------------
 
-class DualStreamFFN(nn.Module):
+class DualStreamFFN(RoutingLayer):
     """DSFF: stream A, a narrow SwiGLU (d -> d_A -> d); stream B, a wide GELU MLP (d -> d_B -> d);
     fused per dimension: alpha = sigmoid(W_f [a; b]) (W_f: 2d -> d, no bias),
     out = alpha * a + (1 - alpha) * b.
@@ -163,6 +162,7 @@ class DualStreamFFN(nn.Module):
     """
 
     n_options = 2
+    can_force = True  # the fusion gate decides; forcing a stream is a counterfactual
 
     def __init__(self, dim: int, hidden_a: int, hidden_b: int) -> None:
         super().__init__()
@@ -172,13 +172,12 @@ class DualStreamFFN(nn.Module):
         self.stream_a = Site("[batch, pos, d] output of stream A (narrow SwiGLU)")
         self.stream_b = Site("[batch, pos, d] output of stream B (wide GELU MLP)")
         self.gate = Site("[batch, pos, d] fusion gate alpha, the per-dimension weight of stream A")
-        self.routing_name = ""  # set by the model
+
+    def option_labels(self) -> list[str]:
+        return ["stream A (SwiGLU)", "stream B (GELU)"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ab = runtime.current().ablation
-        forced, dropped = ab.forced(self.routing_name), ab.dropped(self.routing_name)
-        if forced is not None:
-            dropped = frozenset(range(self.n_options)) - {forced}
+        dropped = self.skipped()
         a = None if 0 in dropped else self.stream_a(self.ffn_a(x))  # (B, T, d)
         b = None if 1 in dropped else self.stream_b(self.ffn_b(x))  # (B, T, d)
         if b is None:

@@ -9,7 +9,10 @@ import plotly.graph_objects as go
 
 from analysis import columns as C
 
+# one colour per option index (option 0 blue, option 1 orange, ...), used for nothing else
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
+NEUTRAL, HIGHLIGHT = "#9DB5CF", "#1F2D3D"  # bars that are not options: plain, and the one picked out
+DIVIDER_LEGEND = "Dotted vertical line: the prompt ends there; tokens to its right were generated."
 
 
 def show_token(tok: str) -> str:
@@ -35,7 +38,21 @@ def _axis(fig: go.Figure, tokens: list[str], n_prompt: int | None) -> None:
     vals, ticks = token_ticks(tokens)
     fig.update_xaxes(tickmode="array", tickvals=vals, ticktext=ticks, tickangle=-60, tickfont=dict(size=10))
     if n_prompt is not None and 0 < n_prompt < len(tokens):  # prompt | generated boundary
-        fig.add_vline(x=n_prompt - 0.5, line=dict(color="#444", dash="dot", width=1))
+        fig.add_vline(x=n_prompt - 0.5, line=dict(color="#444", dash="dot", width=1), name="prompt | generated",
+                      annotation=dict(text="generated →", font=dict(size=10, color="#444")),
+                      annotation_position="top right")
+
+
+def has_divider(fig: go.Figure) -> bool:
+    """Whether the figure marks where the prompt ends (DIVIDER_LEGEND explains the line)."""
+    return any(getattr(shape, "name", None) == "prompt | generated" for shape in fig.layout.shapes)
+
+
+def option_names(labels: dict[str, list[str]], layers: list[str]) -> list[str]:
+    """Colour-bar label of each option index over `layers`: the layers' own label where they agree
+    ("path 0"), else every distinct one ("expert 0 / block 0")."""
+    n = max((len(labels[l]) for l in layers), default=1)
+    return [" / ".join(dict.fromkeys(labels[l][j] for l in layers if j < len(labels[l]))) for j in range(n)]
 
 
 def _layout(fig: go.Figure, title: str, n_rows: int) -> go.Figure:
@@ -98,31 +115,60 @@ def _layers(df: pd.DataFrame) -> list[str]:
     return sorted(df[C.LAYER].unique(), key=lambda l: [int(p) if p.isdigit() else p for p in l.split(".")])
 
 
-def gumbel_figure(view: pd.DataFrame, tokens: list[str], labels: list[str], n_prompt: int | None) -> go.Figure:
+def choice_figure(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]],
+                  n_prompt: int | None) -> go.Figure:
+    """Any routing layer's option weights (analysis.routing.option_weights): the largest per token."""
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v), len(tokens)
+    z = _grid(v[v[C.SELECTED]], C.OPTION, layers, T)
+    hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.selected else ''}{r.label}: weight {r.weight:.3f}")
+    return choice_heatmap(z, hover, layers, tokens, option_names(labels, layers),
+                          "Option with the largest weight per token (every weight on hover)", n_prompt)
+
+
+def option_weights_figure(view: pd.DataFrame, layer: str, tokens: list[str], n_prompt: int | None) -> go.Figure:
+    """One routing layer's option weights per token: options x tokens."""
+    v = view[(view[C.BATCH] == 0) & (view[C.LAYER] == layer)]
+    names = list(dict.fromkeys(v[C.LABEL]))
+    z = np.full((len(names), len(tokens)), np.nan)
+    z[v[C.OPTION].to_numpy(), v[C.POSITION].to_numpy()] = v[C.WEIGHT].to_numpy(dtype=float)
+    shown = [html.escape(show_token(t)) for t in tokens]
+    hover = np.array([[f"<b>{shown[t]}</b> (pos {t})<br>{layer} · {names[o]}: {z[o, t]:.3f}" for t in range(len(tokens))]
+                      for o in range(len(names))], dtype=object)
+    return value_heatmap(z, hover, names, tokens, f"{layer}: weight of each option per token", n_prompt,
+                         zmin=0.0, zmax=1.0, colorscale="Blues", colorbar_title="weight")
+
+
+def gumbel_figure(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]],
+                  n_prompt: int | None) -> go.Figure:
     v = view[view[C.BATCH] == 0]
     layers, T = _layers(v), len(tokens)
     z = _grid(v[v[C.SELECTED]], C.OPTION, layers, T)
     hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.selected else ''}{r.label}: {r.prob:.1%}")
-    return choice_heatmap(z, hover, layers, tokens, labels, "Gumbel route per token (noise-free probabilities on hover)",
-                          n_prompt)
+    return choice_heatmap(z, hover, layers, tokens, option_names(labels, layers),
+                          "Gumbel route per token (noise-free probabilities on hover)", n_prompt)
 
 
-def cosine_figure(view: pd.DataFrame, tokens: list[str], n_paths: int, n_prompt: int | None) -> go.Figure:
+def cosine_figure(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]],
+                  n_prompt: int | None) -> go.Figure:
     v = view[(view[C.BATCH] == 0) & view[C.COSINE].notna()]
     layers, T = _layers(v), len(tokens)
     z = _grid(v[v[C.DOMINANT]], C.OPTION, layers, T)
-    hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.dominant else ''}path {r.option + 1}: cos {r.cosine:.3f}")
-    return choice_heatmap(z, hover, layers, tokens, [f"path {j + 1}" for j in range(n_paths)],
-                          "Cosine dominance: the path most aligned with the combined output", n_prompt)
+    hover = _hover(v, layers, T, tokens,
+                   lambda r: f"{'▶ ' if r.dominant else ''}{labels[r.layer][r.option]}: cos {r.cosine:.3f}")
+    n_outputs = int(v[C.OPTION].max()) + 1 if len(v) else 1  # paths / blocks only: "combined" has no cosine
+    return choice_heatmap(z, hover, layers, tokens, option_names(labels, layers)[:n_outputs],
+                          "Cosine dominance: the output most aligned with the combined output", n_prompt)
 
 
-def topk_figure(view: pd.DataFrame, tokens: list[str], n_options: dict[str, int], n_prompt: int | None) -> go.Figure:
+def topk_figure(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]],
+                n_prompt: int | None) -> go.Figure:
     v = view[view[C.BATCH] == 0]
     layers, T = _layers(v), len(tokens)
     z = _grid(v[v[C.RANK] == 0], C.OPTION, layers, T)
-    hover = _hover(v, layers, T, tokens, lambda r: f"#{r.rank + 1} option {r.option}: weight {r.weight:.3f} (p {r.prob:.3f})")
-    n = max(n_options.values()) if n_options else 1
-    return choice_heatmap(z, hover, layers, tokens, [f"{j}" for j in range(n)],
+    hover = _hover(v, layers, T, tokens,
+                   lambda r: f"#{r.rank + 1} {labels[r.layer][r.option]}: weight {r.weight:.3f} (p {r.prob:.3f})")
+    return choice_heatmap(z, hover, layers, tokens, option_names(labels, layers),
                           "Top-k routing: first choice per token (all selections on hover)", n_prompt)
 
 
@@ -147,16 +193,20 @@ def gate_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | None) -> 
 
 def bar_figure(labels: list[str], values: list[float], title: str, y_title: str = "",
                colors: list[str] | None = None) -> go.Figure:
-    fig = go.Figure(go.Bar(x=labels, y=values, marker_color=colors or PALETTE[0],
+    fig = go.Figure(go.Bar(x=labels, y=values, marker_color=colors or NEUTRAL,
                            hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
     fig.update_layout(title=title, yaxis_title=y_title, height=300, margin=dict(l=10, r=10, t=40, b=10))
     return fig
 
 
-def grouped_bars(df: pd.DataFrame, x: str, y: str, group: str, title: str, y_title: str = "") -> go.Figure:
+def grouped_bars(df: pd.DataFrame, x: str, y: str, group: str, title: str, y_title: str = "",
+                 hover: str | None = None) -> go.Figure:
+    """Bars of y per x, one colour per group; `hover`: a column shown on hover (e.g. the option label)."""
     fig = go.Figure()
     for i, (name, g) in enumerate(df.groupby(group, sort=False)):
-        fig.add_bar(x=g[x].astype(str), y=g[y], name=str(name), marker_color=PALETTE[i % len(PALETTE)])
+        extra = dict(customdata=g[hover], hovertemplate=f"{name}<br>%{{customdata}}: %{{y:.4f}}<extra></extra>") \
+            if hover else {}
+        fig.add_bar(x=g[x].astype(str), y=g[y], name=str(name), marker_color=PALETTE[i % len(PALETTE)], **extra)
     fig.update_layout(title=title, barmode="group", yaxis_title=y_title, height=320,
                       margin=dict(l=10, r=10, t=40, b=10))
     return fig
@@ -164,11 +214,12 @@ def grouped_bars(df: pd.DataFrame, x: str, y: str, group: str, title: str, y_tit
 
 def candidates_figure(tokens: list[str], probs: list[float], chosen: str, position: int) -> go.Figure:
     labels = [show_token(t) for t in tokens]
-    colors = [PALETTE[1] if t == chosen else PALETTE[0] for t in tokens]
+    colors = [HIGHLIGHT if t == chosen else NEUTRAL for t in tokens]  # not option colours
     fig = go.Figure(go.Bar(x=probs[::-1], y=labels[::-1], orientation="h", marker_color=colors[::-1],
                            text=[f"{p:.1%}" for p in probs[::-1]], textposition="outside",
                            hovertemplate="%{y}: %{x:.4%}<extra></extra>"))
-    fig.update_layout(title=f"Next-token candidates at position {position}", xaxis=dict(range=[0, 1.1],
+    fig.update_layout(title=f"Next-token candidates at position {position} (dark: the token generated)",
+                      xaxis=dict(range=[0, 1.1],
                       tickformat=".0%"), height=60 + 26 * len(tokens), margin=dict(l=10, r=10, t=40, b=10))
     return fig
 

@@ -15,7 +15,7 @@ CSS = """
 .rs-tok {padding: 1px 1px; border-radius: 3px; cursor: help;}
 .rs-prompt {color: #555;}
 .rs-gen {background: #e8f0fb;}
-.rs-low {background: #fde2c8;}
+.rs-low {background: #e8f0fb; text-decoration: underline dashed #1F2D3D; text-underline-offset: 3px;}
 .rs-changed {background: #f9c0c0; font-weight: 600;}
 .rs-added {background: #c8eac8; font-weight: 600;}
 </style>
@@ -28,13 +28,30 @@ def _span(text: str, cls: str, title: str = "") -> str:
     return f'<span class="rs-tok {cls}"{t}>{shown}</span>'
 
 
-def generation_html(tokens: list[str], n_prompt: int, steps, decode) -> str:
-    """The prompt, then each generated token with a tooltip "girl 99.5% / boy 0.5% / ..."."""
-    parts = [_span(t, "rs-prompt") for t in tokens[:n_prompt]]
-    for s in steps:
-        cands = "\n".join(f"{show_token(decode(i))}  {p:.1%}" for i, p in zip(s.top_ids, s.top_probs))
-        title = f"position {s.position}: p = {s.prob:.1%}\n{cands}"
-        parts.append(_span(tokens[s.position], "rs-gen" if s.prob >= 0.5 else "rs-low", title))
+LEGEND = ("Grey: the prompt. Blue: generated, p ≥ 50%; dashed underline: generated while the model was "
+          "unsure (p < 50%). Hover a generated token for its top candidates.")
+
+
+def generation_html(spans, n_prompt: int, steps, decode) -> str:
+    """The prompt, then each generated token with a tooltip "girl 99.5% / boy 0.5% / ...".
+    `spans`: analysis.session.TokenSpan per group of positions; tokens that decode only together
+    (a multi-byte character split over byte tokens) are shown once, as their joint text, with
+    every step of the group in the tooltip."""
+    by_pos = {s.position: s for s in steps}
+    parts = []
+    for sp in spans:
+        if sp.end <= n_prompt:
+            parts.append(_span(sp.text, "rs-prompt"))
+            continue
+        lines, low = [], False
+        for pos in range(max(sp.start, n_prompt), sp.end):
+            s = by_pos.get(pos)
+            if s is None:
+                continue
+            cands = "\n".join(f"{show_token(decode(i))}  {p:.1%}" for i, p in zip(s.top_ids, s.top_probs))
+            lines.append(f"position {s.position}: p = {s.prob:.1%}\n{cands}")
+            low = low or s.prob < 0.5
+        parts.append(_span(sp.text, "rs-low" if low else "rs-gen", "\n\n".join(lines)))
     return CSS + f'<div class="rs-text">{"".join(parts)}</div>'
 
 

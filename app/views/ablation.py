@@ -1,42 +1,77 @@
-"""Ablation controls: drop options everywhere or per layer, force routes, pgpt-1 in one click."""
+"""Ablation controls: drop options everywhere or per layer, keep one option everywhere, force routes.
+
+Labels come from the model's routing layers (`RoutingLayer.option_labels`, numbered from 0 like the
+ablation specs and the export's `option` column). The widgets' values belong to one checkpoint:
+`reset_for` clears them when another checkpoint is picked, so a ticked "drop path 1" never turns
+into a ticked "drop expert 1" of the next model."""
 from __future__ import annotations
 
 import streamlit as st
 
-from analysis.session import can_force, option_labels
-from core_models.runtime import Ablation
+from core_models.base import RouteScopeLM
+from core_models.runtime import ALL_LAYERS, Ablation
 
 from .. import state as K
 
 AUTO = "auto"
+ALL = "all options"
 
 
-def controls(model) -> Ablation:
+def reset_for(path: str) -> None:
+    """Forget every ablation widget's value when the checkpoint changes."""
+    if st.session_state.get(K.ABLATION_OWNER) != path:
+        for key in [k for k in st.session_state if K.is_ablation_key(k)]:
+            del st.session_state[key]
+        st.session_state[K.ABLATION_OWNER] = path
+
+
+def _global_labels(labels: dict[str, list[str]], n: int) -> list[str]:
+    """Label of option j across every layer: the layers' own where they agree ("path 0"), else
+    every distinct one ("expert 0 / block 0")."""
+    return [" / ".join(dict.fromkeys(ls[j] for ls in labels.values())) for j in range(n)]
+
+
+def controls(model: RouteScopeLM) -> Ablation:
     layers = model.routing_layers()
     if not layers:
         st.info("This model has no paths, blocks or experts to switch off.")
         return Ablation()
-    labels = option_labels(model)
-    drop, force = [], []
+    labels = model.option_labels()
     n_global = min(layers.values())
-    first = labels[next(iter(layers))]
-    if model.config.family == "pgpt":
-        if st.checkbox("pgpt-1: keep path 1 only", key=K.PGPT_ONE,
-                       help="Drop every other path; the remaining weight renormalises to 1 and the dropped "
-                            "paths are not computed"):
-            drop += [("*", j) for j in range(1, n_global)]
+    names = _global_labels(labels, n_global)
+    drop, force = [], []
+    keep = st.selectbox("Keep only", [ALL] + list(range(n_global)), key=K.KEEP_ONLY,
+                        format_func=lambda j: j if j == ALL else f"{names[j]} (drop the others everywhere)",
+                        help="Drop every other option of every layer: with two paths, pgpt-1 of the paper")
+    if keep != ALL:
+        drop += [(ALL_LAYERS, j) for j in range(n_global) if j != keep]
     st.caption("Drop everywhere")
     for j in range(n_global):
-        if st.checkbox(f"Drop {first[j]}", key=f"{K.DROP_GLOBAL}::{j}"):
-            drop.append(("*", j))
+        if st.checkbox(f"Drop {names[j]}", key=K.drop_global_key(j)):
+            drop.append((ALL_LAYERS, j))
     with st.expander("Per layer", expanded=False):
         for layer, n in layers.items():
             chosen = st.multiselect(f"{layer}: drop", list(range(n)), format_func=lambda j, l=layer: labels[l][j],
                                     key=K.drop_key(layer))
             drop += [(layer, j) for j in chosen]
-            if can_force(model):
+            if model.routing_modules[layer].can_force:
                 route = st.selectbox(f"{layer}: force route", [AUTO] + list(range(n)), key=K.force_key(layer),
                                      format_func=lambda j, l=layer: j if j == AUTO else labels[l][j])
                 if route != AUTO:
                     force.append((layer, int(route)))
     return Ablation(drop=tuple(sorted(set(drop))), force=tuple(force))
+
+
+def describe(ablation: Ablation, model: RouteScopeLM) -> str:
+    """The ablation as its spec ("drop *:1") and in the layers' own words ("drop path 1")."""
+    if ablation.is_empty:
+        return "`none`"
+    labels = model.option_labels()
+
+    def word(layer: str, o: int) -> str:
+        if layer == ALL_LAYERS:
+            return f"{_global_labels(labels, o + 1)[o]} everywhere"
+        return f"{labels[layer][o]} of {layer}"
+
+    words = [f"drop {word(l, o)}" for l, o in ablation.drop] + [f"force {word(l, o)}" for l, o in ablation.force]
+    return f"`{ablation.describe()}` ({', '.join(words)})"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import columns as C
-from analysis.session import Run, decode_tokens, option_labels
+from analysis.session import Run, decode_tokens
 
 from .. import resources
 from .. import state as K
@@ -20,9 +20,10 @@ def show(run: Run, model, tokenizer, path: str, mtime: float) -> None:
         st.info("Attribution needs at least two tokens.")
         return
     positions = list(range(len(ids) - 1))
+    shown = run.display_tokens()  # byte tokens of a multi-byte character as "😀 (1/2)"
     default = min(run.n_prompt - 1, len(positions) - 1)
     pos = st.selectbox("Predict the token after position", positions, index=default, key=K.ATTR_POSITION,
-                       format_func=lambda p: f"{p}: …{show_token(run.tokens[p])} → {show_token(run.tokens[p + 1])}")
+                       format_func=lambda p: f"{p}: …{show_token(shown[p])} → {show_token(shown[p + 1])}")
     step = next((s for s in run.generation.steps if s.position == pos + 1), None)
     cands = [ids[pos + 1]] + ([i for i in step.top_ids if i != ids[pos + 1]] if step else [])
     token = st.selectbox("Target token", cands, key=K.ATTR_TOKEN,
@@ -30,6 +31,9 @@ def show(run: Run, model, tokenizer, path: str, mtime: float) -> None:
     has_paths = bool(model.routing_layers())
     methods = [m for m, v in METHODS.items() if v == "ig" or has_paths]
     method = METHODS[st.radio("Method", methods, key=K.ATTR_METHOD, horizontal=True)]
+    if not run.ablation.is_empty:
+        st.info(f"Attribution runs the model without the ablation on the left (`{run.ablation.describe()}`): "
+                f"it explains the unablated model's prediction at this position of the ablated run's text.")
     request = (tuple(ids), pos, int(token), method)
     if st.button("Attribute", key="attr_go"):
         st.session_state[K.ATTR_RUN] = request
@@ -39,7 +43,7 @@ def show(run: Run, model, tokenizer, path: str, mtime: float) -> None:
     key = (tuple(ids[:pos + 1]), pos, int(token))
     if method == "ig":
         res = resources.token_attribution(path, mtime, *key)
-        toks = decode_tokens(tokenizer, res.input_ids)
+        toks = shown[:len(res.input_ids)]  # the attributed ids are the run's first ones
         st.plotly_chart(attribution_figure(toks, res.attributions.tolist(),
                                            f"Integrated gradients to log p({show_token(decode_tokens(tokenizer, [token])[0])})"),
                         key="ig_chart", width="stretch")
@@ -47,7 +51,7 @@ def show(run: Run, model, tokenizer, path: str, mtime: float) -> None:
                    f"convergence delta {res.convergence_delta:+.5f} ({res.n_steps} steps)")
     else:
         df = resources.path_attribution(path, mtime, *key, method)
-        labels = option_labels(model)
+        labels = model.option_labels()
         names = [f"{l} · {labels[l][o]}" if l in labels else f"{l}:{o}" for l, o in zip(df[C.LAYER], df[C.OPTION])]
         st.plotly_chart(bar_figure(names, list(df[C.CONTRIBUTION]), f"Contribution to log p ({method})", "nats"),
                         key="path_attr_chart", width="stretch")

@@ -16,11 +16,15 @@ def show(base: Run, ablated: Run, effects, tokenizer) -> None:
         st.info("Switch a path, block or expert off (left) to compare against the unablated run.")
         return
     diff = generation_diff(base.generation, ablated.generation, tokenizer)
-    changed = int(diff[C.CHANGED].sum())
+    # generated tokens of the ablated run that the alignment does not match with the unablated run
+    # (alignment rows also hold the unablated run's deletions, which are no tokens of this run)
+    changed = int((diff[C.CHANGED] & diff[C.ABLATED_INDEX].notna()).sum())
     first = first_divergence(diff)
     e = effects[effects[C.BATCH] == 0]
     cols = st.columns(4)
-    cols[0].metric("changed tokens", f"{changed} / {len(diff)}")
+    cols[0].metric("changed tokens", f"{changed} of {len(ablated.generation.new_ids)}",
+                   help="Generated tokens of the ablated run not matched, in order, by the unablated "
+                        "continuation (difflib alignment)")
     cols[1].metric("first divergence", "none" if first is None else f"step {first}")
     cols[2].metric("mean KL (nats)", f"{e[C.KL].mean():.4f}")
     cols[3].metric("top-1 flips", int(e[C.FLIPPED].sum()))

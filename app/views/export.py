@@ -33,6 +33,7 @@ def _offer(col: Any, label: str, data: bytes | str | Callable[[], str], file_nam
 
 
 def show(run: Run, tokenizer, figs: dict, table6: dict | None, table: dict[str, bytes]) -> None:
+    """`table6`: the Table 6 report of the shipped probes for a PaPaformer (None for other models)."""
     stem = _stem(run)
     st.caption("Every export carries the model, prompt, settings and ablation (columns, or the run JSON).")
     cols = st.columns(3)

@@ -7,22 +7,23 @@ from analysis.session import Run, candidates_table, decode_tokens
 
 from .. import state as K
 from ..components.figures import candidates_figure, show_token
-from ..components.tokens import generation_html
+from ..components.tokens import LEGEND, generation_html
 
 
 def show(run: Run, tokenizer) -> None:
     for note in run.notes:
         st.warning(note)
     decode = lambda i: decode_tokens(tokenizer, [i])[0]  # noqa: E731
-    st.markdown(generation_html(run.tokens, run.n_prompt, run.generation.steps, decode), unsafe_allow_html=True)
-    st.caption("Hover a generated token for its top candidates. Blue: p ≥ 50%, orange: the model was unsure.")
+    st.markdown(generation_html(run.spans, run.n_prompt, run.generation.steps, decode), unsafe_allow_html=True)
+    st.caption(LEGEND)
     steps = run.generation.steps
     if not steps:
         st.info("No tokens generated (max new tokens is 0).")
         return
     options = list(range(len(steps)))
+    shown = run.display_tokens()  # a byte token of a multi-byte character as "😀 (1/2)", not U+FFFD
     pick = st.select_slider("Generated token", options, key=K.STEP,
-                            format_func=lambda i: f"{i}: {show_token(run.tokens[steps[i].position])}")
+                            format_func=lambda i: f"{i}: {show_token(shown[steps[i].position])}")
     s = steps[pick]
     texts = decode_tokens(tokenizer, s.top_ids)
     st.plotly_chart(candidates_figure(texts, s.top_probs, run.tokens[s.position], s.position),
@@ -32,6 +33,6 @@ def show(run: Run, tokenizer) -> None:
         summary = (table.groupby("step", sort=True)
                    .apply(lambda g: ", ".join(f"{show_token(c)} - {p:.1%}" for c, p in zip(g.candidate, g.prob)),
                           include_groups=False))
-        st.dataframe({"token": [show_token(run.tokens[s.position]) for s in steps],
+        st.dataframe({"token": [show_token(shown[s.position]) for s in steps],
                       "p": [f"{s.prob:.1%}" for s in steps], "candidates": list(summary)},
                      width="stretch", key="steps_table")

@@ -1,45 +1,58 @@
-"""Routing views per family (plotly); `figures(run, model)` also feeds the export tab."""
+"""Routing view: one figure per routing view the run has (`analysis.families.RoutingViews`), never
+per family name; `figures(run, model)` also feeds the export tab. Option labels come from the
+model's routing layers."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
 import streamlit as st
 
 from analysis import columns as C
-from analysis.routing import option_labels as gumbel_labels
 from analysis.session import Run
+from core_models.base import RouteScopeLM
 
 from ..components import figures as F
 
 
-def figures(run: Run, model) -> dict[str, go.Figure]:
-    c, v, toks, n_prompt = model.config, run.views, run.tokens, run.n_prompt
+def figures(run: Run, model: RouteScopeLM) -> dict[str, go.Figure]:
+    v, toks, n_prompt = run.views, run.display_tokens(), run.n_prompt
+    labels = model.option_labels()
     figs: dict[str, go.Figure] = {}
-    if "gumbel" in v:
-        figs["gumbel_routes"] = F.gumbel_figure(v["gumbel"], toks, gumbel_labels(c), n_prompt)
-    if "cosine" in v and len(v["cosine"]):
-        figs["cosine_dominance"] = F.cosine_figure(v["cosine"], toks, c.n_paths, n_prompt)
-    if "topk" in v:
-        figs["topk_routes"] = F.topk_figure(v["topk"], toks, model.routing_layers(), n_prompt)
-        u = v["utilisation"]
-        figs["topk_utilisation"] = F.grouped_bars(u, C.OPTION, C.SHARE, C.LAYER,
-                                                  "Utilisation: share of tokens selecting each block / expert")
-    if "pgpt" in v:
-        p = v["pgpt"]
+    if v.options is not None:
+        figs["option_choice"] = F.choice_figure(v.options, toks, labels, n_prompt)
+        for layer, m in model.routing_modules.items():
+            if v.options[C.LAYER].eq(layer).any() and m.n_options > 1:
+                figs[f"option_weights_{layer}"] = F.option_weights_figure(v.options, layer, toks, n_prompt)
+    if v.gumbel is not None:
+        figs["gumbel_routes"] = F.gumbel_figure(v.gumbel, toks, labels, n_prompt)
+    if v.cosine is not None and len(v.cosine):
+        figs["cosine_dominance"] = F.cosine_figure(v.cosine, toks, labels, n_prompt)
+    if v.topk is not None:
+        figs["topk_routes"] = F.topk_figure(v.topk, toks, labels, n_prompt)
+    if v.utilisation is not None:
+        u = v.utilisation.assign(**{C.LABEL: [labels[l][o] for l, o in zip(v.utilisation[C.LAYER],
+                                                                             v.utilisation[C.OPTION])]})
+        figs["topk_utilisation"] = F.grouped_bars(u, C.LAYER, C.SHARE, C.OPTION,  # colour = option, as everywhere
+                                                  "Utilisation: share of tokens selecting each option",
+                                                  hover=C.LABEL)
+    if v.pgpt is not None:
+        p = v.pgpt
         w = p.drop_duplicates(C.OPTION)
-        figs["pgpt_weights"] = F.bar_figure([f"path {o + 1}" for o in w[C.OPTION]], list(w[C.WEIGHT]),
+        (layer,) = {l for l in p[C.LAYER]}
+        names = labels[layer]
+        figs["pgpt_weights"] = F.bar_figure([names[o] for o in w[C.OPTION]], list(w[C.WEIGHT]),
                                             "Path weights in this call (renormalised over the paths that run)")
         figs["pgpt_contribution"] = F.share_figure(
-            p, toks, C.SHARE, 0, "Per-token contribution of path 1 (norm share of the weighted output)",
-            lambda r: f"path {r.option + 1}: share {r.share:.1%} (w {r.weight:.3f})", n_prompt)
-    if "dsff" in v:
-        figs["dsff_gate"] = F.gate_figure(v["dsff"], toks, n_prompt)
-        g = v["gcla"]
+            p, toks, C.SHARE, 0, f"Per-token contribution of {names[0]} (norm share of the weighted output)",
+            lambda r: f"{names[r.option]}: share {r.share:.1%} (w {r.weight:.3f})", n_prompt)
+    if v.dsff is not None:
+        figs["dsff_gate"] = F.gate_figure(v.dsff, toks, n_prompt)
+    if v.gcla is not None:
+        g = v.gcla
         figs["gcla_beta"] = F.bar_figure(list(g[C.LAYER]), list(g[C.BETA]), "GCLA beta = sigmoid(phi) per layer")
-    if "atm" in v and len(v["atm"]):
-        tau = run.settings.atm_tau if run.settings.atm_tau is not None else c.atm_tau
-        figs["atm_merges"] = F.atm_figure(v["atm"], toks, tau)
-    if "pagmlp" in v:
-        p = v["pagmlp"]
+    if v.atm is not None and len(v.atm):
+        figs["atm_merges"] = F.atm_figure(v.atm, toks, v.atm_tau)
+    if v.pagmlp is not None:
+        p = v.pagmlp
         s = p.drop_duplicates([C.LAYER, C.OPTION])
         figs["pagmlp_scales"] = F.grouped_bars(s, C.LAYER, C.SCALE, C.LABEL, "PAGMLP alpha (SwiGLU) and beta (GEGLU)")
         figs["pagmlp_share"] = F.share_figure(
@@ -50,15 +63,18 @@ def figures(run: Run, model) -> dict[str, go.Figure]:
     return figs
 
 
-def show(run: Run, model) -> dict[str, go.Figure]:
+def show(run: Run, model: RouteScopeLM) -> dict[str, go.Figure]:
     figs = figures(run, model)
     if not figs:
-        st.info(f"{run.family} is a dense model: it has no routing to show.")
+        st.info(f"{run.family} has no routing to show: it is a dense model, or its routing layers record "
+                f"nothing this view can draw.")
+    elif any(F.has_divider(fig) for fig in figs.values()):
+        st.caption(F.DIVIDER_LEGEND)
     for name, fig in figs.items():
         st.plotly_chart(fig, key=f"fig_{name}", width="stretch")
-    if "atm_summary" in run.views:
-        st.dataframe(run.views["atm_summary"], key="atm_summary", width="stretch")
-    if "cosine" in run.views and run.views["cosine"].attrs.get("notes"):
-        for note in run.views["cosine"].attrs["notes"]:
+    if run.views.atm_summary is not None:
+        st.dataframe(run.views.atm_summary, key="atm_summary", width="stretch")
+    if run.views.cosine is not None:
+        for note in run.views.cosine.attrs.get("notes", []):
             st.caption(note)
     return figs

@@ -1,24 +1,20 @@
-"""Sidebar: checkpoint picker and upload, generation settings, Gumbel mode, ATM threshold."""
+"""Sidebar: checkpoint picker and upload, generation settings, and the controls the loaded model
+asks for (Gumbel mode where a routing layer samples, the ATM threshold where it is a run option)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import streamlit as st
 
 from analysis.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
 from analysis.session import RunSettings
+from core_models.base import RouteScopeLM
+from core_models.runtime import ROUTING_MODES
+from core_models.wiola import ATM_TAU
 
 from .. import resources
 from .. import state as K
 from ..components.messages import show_error
 
 DEFAULT_CHECKPOINT = "papaformer-gumbel-v2"
-
-
-@dataclass(frozen=True)
-class Selection:
-    info: CheckpointInfo
-    settings: RunSettings
 
 
 def _pick_checkpoint() -> CheckpointInfo | None:
@@ -64,7 +60,13 @@ def _upload() -> None:
         show_error(rejected, "Upload rejected: ")
 
 
-def _settings(info: CheckpointInfo) -> RunSettings:
+def settings(model: RouteScopeLM) -> RunSettings:
+    """Generation settings, and the controls this model's routing layers and run options call for."""
+    with st.sidebar:
+        return _settings(model)
+
+
+def _settings(model: RouteScopeLM) -> RunSettings:
     st.subheader("Generation")
     max_new = st.slider("Max new tokens", 0, 64, 24, key=K.MAX_NEW)
     mode = st.radio("Decoding", ["greedy", "sampling"], horizontal=True, key=K.DECODING)
@@ -74,24 +76,27 @@ def _settings(info: CheckpointInfo) -> RunSettings:
         top_k = st.number_input("Top-k (0 = off)", 0, 4096, 0, key=K.TOP_K)
         top_p = st.slider("Top-p", 0.05, 1.0, 1.0, 0.05, key=K.TOP_P)
     seed = st.number_input("Seed", 0, 2**31 - 1, 0, key=K.SEED)
-    routing, tau = "deterministic", None
-    if info.family.startswith("papaformer/gumbel"):
+    routing, options = ROUTING_MODES[0], []
+    if any(m.stochastic for m in model.routing_modules.values()):
         st.subheader("Gumbel routing")
-        routing = st.radio("Mode", ["deterministic", "sampled"], horizontal=True, key=K.GUMBEL_MODE,
+        routing = st.radio("Mode", ROUTING_MODES, horizontal=True, key=K.GUMBEL_MODE,
                            help="deterministic: noise-free argmax of the router logits; sampled: Gumbel noise "
                                 "drawn from the seed above")
-    if info.family == "wiola":
-        st.subheader("Wiola token merging")
-        tau = st.slider("ATM threshold tau", 0.0, 1.0, 0.92, 0.01, key=K.ATM_TAU)
+    if ATM_TAU in model.run_options():
+        st.subheader("Token merging (ATM)")
+        default = float(getattr(model.config, ATM_TAU))
+        tau = st.slider("ATM threshold tau", 0.0, 1.0, default, 0.01, key=K.ATM_TAU,
+                        help=model.run_options()[ATM_TAU])
+        options.append((ATM_TAU, float(tau)))
     return RunSettings(max_new_tokens=max_new, greedy=mode == "greedy", temperature=float(temperature),
-                       top_k=int(top_k), top_p=float(top_p), seed=int(seed), routing=routing, atm_tau=tau)
+                       top_k=int(top_k), top_p=float(top_p), seed=int(seed), routing=routing, options=tuple(options))
 
 
-def sidebar() -> Selection | None:
+def pick() -> CheckpointInfo | None:
+    """The checkpoint picker and the upload, in the sidebar; the chosen checkpoint or None."""
     with st.sidebar:
         st.title("RouteScope")
+        st.caption(f"Device: {resources.device_label()}", help="set by routescope app --device / --dtype")
         info = _pick_checkpoint()
         _upload()
-        if info is None:
-            return None
-        return Selection(info=info, settings=_settings(info))
+        return info

@@ -5,7 +5,8 @@ import pandas as pd
 import streamlit as st
 
 from analysis import columns as C
-from analysis.domain import DEFAULT_PROBES, route_summary, table6
+from analysis.domain import DEFAULT_PROBES, PAPER_N_PATHS, require_papaformer, route_summary, table6
+from core_models.base import RouteScopeLM
 
 from .. import resources
 from .. import state as K
@@ -17,14 +18,42 @@ def default_probes() -> tuple[str, bytes]:
     return DEFAULT_PROBES.name, DEFAULT_PROBES.read_bytes()
 
 
-def cached_report(model, path: str, mtime: float) -> dict | None:
-    """The Table 6 report of the default probes if this session has already computed it."""
-    return st.session_state.get(K.TABLE6_RUN, {}).get((path, mtime))
+def _applies(model: RouteScopeLM) -> bool:
+    try:
+        require_papaformer(model.config)
+        return True
+    except ValueError:
+        return False
 
 
-def show(model, path: str, mtime: float) -> dict | None:
+def _report(model: RouteScopeLM, path: str, mtime: float, name: str, data: bytes, majority: bool) -> dict:
+    """{"report": one row per probe, "summary": route shares and accuracy (ours, and the paper's)}."""
     c = model.config
-    if c.family != "papaformer":
+    probes, routes, paper = resources.table6_routes(path, mtime, name, data, majority)
+    combined = c.combiner != "share_linear"
+    summary = route_summary(routes, c.n_paths, combined=combined)
+    if paper is not None:
+        summary = pd.concat([summary, route_summary(paper, PAPER_N_PATHS, combined=combined, source="paper")],
+                            ignore_index=True)
+    return {"report": table6(routes, probes, paper), "summary": summary}
+
+
+def default_report(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
+    """The Table 6 report for the Export view: of the probes and mode the Table 6 view last showed
+    for this checkpoint, else of the shipped probes at the last prompt token (computed here, so the
+    Table 6 view need not be opened first; the routes are cached)."""
+    if not _applies(model):
+        return None
+    shown = st.session_state.get(K.TABLE6_SHOWN, {}).get((path, mtime))
+    try:
+        return _report(model, path, mtime, *(shown or (*default_probes(), False)))
+    except ValueError:  # a bad uploaded file: the Table 6 view shows why; the export offers no report
+        return None
+
+
+def show(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
+    c = model.config
+    if not _applies(model):
         st.info("Table 6 routes prompts through PaPaformer parallel paths; pick a PaPaformer checkpoint.")
         return None
     upload = st.file_uploader("Probe file (TSV: prompt_id, domain, expected_path, prompt, optional paper_*)",
@@ -33,21 +62,18 @@ def show(model, path: str, mtime: float) -> dict | None:
     majority = st.checkbox("Majority route over all prompt tokens (default: the last prompt token)",
                            key=K.TABLE6_MAJORITY)
     try:
-        probes, routes, paper = resources.table6_routes(path, mtime, name, data, majority)
+        result = _report(model, path, mtime, name, data, majority)
     except ValueError as e:  # the message starts with the file's name
         show_error(e, "Probe file ")
         return None
-    report = table6(routes, probes, paper)
-    combined = c.combiner != "share_linear"
-    summary = route_summary(routes, c.n_paths, combined=combined)
-    if paper is not None:
-        summary = pd.concat([summary, route_summary(paper, 2, combined=combined, source="paper")], ignore_index=True)
+    st.session_state.setdefault(K.TABLE6_SHOWN, {})[(path, mtime)] = (name, data, majority)  # for Export
     shipped = "" if upload is not None else " (the paper's probes, shipped with RouteScope)"
-    st.caption(f"Probes: {name}{shipped}. Routes: 1 = path 1 (stories), 2 = path 2 (math)"
-               + (f", {c.n_paths + 1} = combined" if combined else "") + ", one per parallel layer.")
-    st.dataframe(report, key="table6_report", width="stretch")
-    pivot = summary.pivot_table(index=C.METRIC, columns=C.SOURCE, values=C.VALUE, sort=False)
+    combined = c.combiner != "share_linear"
+    st.caption(f"Probes: {name}{shipped}. Routes are numbered as the paper's Table 6 numbers them, from 1: "
+               "route 1 = path 0 (stories), route 2 = path 1 (math)"
+               + (f", route {c.n_paths + 1} = combined" if combined else "")
+               + "; one route per parallel layer.")
+    st.dataframe(result["report"], key="table6_report", width="stretch")
+    pivot = result["summary"].pivot_table(index=C.METRIC, columns=C.SOURCE, values=C.VALUE, sort=False)
     st.dataframe(pivot, key="table6_summary")
-    result = {"report": report, "summary": summary}
-    st.session_state.setdefault(K.TABLE6_RUN, {})[(path, mtime)] = result  # offered again under Export
     return result

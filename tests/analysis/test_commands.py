@@ -65,7 +65,7 @@ def test_export_rows_match_the_tokenizer(cli, checkpoint, prompt_file, tmp_path,
     assert tok[C.TOKEN_ID].tolist() == ids
     assert "".join(tok[C.TOKEN]) == PROMPTS[-1]
     assert df[C.ABLATION].eq("drop parallel.0:1").all() and df[C.SEED].eq(5).all()
-    assert df[C.MODEL].eq(ck.name).all() and df[C.FAMILY].eq("papaformer").all()
+    assert df[C.MODEL].eq(ck.name).all() and df[C.FAMILY].eq("papaformer-gumbel-v1").all()  # config.label
     dropped = df[(df[C.KIND] == "prob") & (df[C.LAYER] == "parallel.0") & (df[C.OPTION] == 1)]
     assert dropped[C.VALUE].eq(0).all() and not dropped[C.SELECTED].any()
 
@@ -130,7 +130,7 @@ def test_routes_json(cli, checkpoint, capsys):
     assert len(doc["prompts"]) == 20
     p = doc["prompts"][0]
     assert p["route"] == ">".join(map(str, p["routes"])) and len(p["routes"]) == 3 and "paper" in p
-    assert set(doc["ours"]) == {"path 1", "path 2", "path 3", "combined", "accuracy", "n_routes"}
+    assert set(doc["ours"]) == {"route 1", "route 2", "route 3", "combined", "accuracy", "n_routes"}
     assert doc["paper"]["accuracy"] == pytest.approx(0.4)
     routes = [r for q in doc["prompts"] for r in q["routes"]]
     correct = [r == q["expected_path"] for q in doc["prompts"] for r in q["routes"]]

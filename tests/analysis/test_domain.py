@@ -59,7 +59,7 @@ def test_table6_matches_hand_routes(tokenizer, vocab_size, probes, key, majority
     got = dict(zip(s[C.METRIC], s[C.VALUE]))
     n = len(everything)
     for j in range(1, c.n_paths + 1):
-        assert got[f"path {j}"] == pytest.approx(sum(r == j for r, _ in everything) / n)
+        assert got[f"route {j}"] == pytest.approx(sum(r == j for r, _ in everything) / n)
     assert got["accuracy"] == pytest.approx(sum(r == e for r, e in everything) / n)
     assert ("combined" in got) == (c.combiner != "share_linear")
 
@@ -70,12 +70,12 @@ def test_summary_of_the_papers_routes_reproduces_its_numbers(probes):
                             source="paper")
         return {m: round(v, 3) for m, v in zip(s[C.METRIC], s[C.VALUE])}
 
-    assert summary("gumbel_v1") == {"path 1": 0.483, "path 2": 0.5, "combined": 0.017, "accuracy": 0.4,
+    assert summary("gumbel_v1") == {"route 1": 0.483, "route 2": 0.5, "combined": 0.017, "accuracy": 0.4,
                                     "n_routes": 60}
     v2 = summary("gumbel_v2")
-    assert (v2["path 1"], v2["path 2"], v2["combined"]) == (0.233, 0.7, 0.067)
+    assert (v2["route 1"], v2["route 2"], v2["combined"]) == (0.233, 0.7, 0.067)
     assert v2["accuracy"] == 0.467  # 28 / 60 routes; the paper prints 46.5 %
-    assert summary("share_linear") == {"path 1": 0.7, "path 2": 0.3, "accuracy": 0.5, "n_routes": 40}
+    assert summary("share_linear") == {"route 1": 0.7, "route 2": 0.3, "accuracy": 0.5, "n_routes": 40}
 
 
 def test_undefined_share_linear_layer_is_na():

@@ -13,10 +13,11 @@ from streamlit.testing.v1 import AppTest
 
 from analysis.catalog import checkpoint_roots, list_checkpoints
 from analysis.columns import EXPORT_SCHEMA
+from app import state as K
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 CHECKPOINTS = [c for c in list_checkpoints(checkpoint_roots()) if c.problem is None]
-BY_FAMILY = {c.family: c for c in CHECKPOINTS}
+BY_FAMILY = {c.family: c for c in reversed(CHECKPOINTS)}  # the first of each family by name
 
 
 @pytest.fixture
@@ -49,6 +50,13 @@ def pick(at: AppTest, name: str) -> AppTest:
     box = at.selectbox(key="checkpoint")
     path = next(p for p in box.options if Path(p).name == name)
     box.set_value(path).run()
+    return at
+
+
+def enter_prompt(at: AppTest, text: str) -> AppTest:
+    """Type a prompt and press Generate (the prompt box is a form: typing alone runs nothing)."""
+    at.text_area(key=K.PROMPT).set_value(text)
+    at.button(key=K.GENERATE).click().run()
     return at
 
 
@@ -93,16 +101,24 @@ def _mean_kl(at: AppTest) -> float:
     return float(next(m.value for m in at.metric if m.label == "mean KL (nats)"))
 
 
-@pytest.mark.parametrize("family,toggle", [("pgpt", "pgpt_one"), ("papaformer/gumbel_v2", "drop_global::1"),
-                                           ("moep", "drop_global::0"), ("papaformer/share_linear", "drop_global::0")])
-def test_toggling_a_path_changes_the_output(family, toggle):
+@pytest.mark.parametrize("family,option", [("pgpt", 1), ("papaformer-gumbel-v2", 1), ("moep", 0),
+                                           ("papaformer-share-linear", 0)])
+def test_toggling_a_path_changes_the_output(family, option):
     at = view(pick(fresh(), BY_FAMILY[family].name), "Ablation diff")
-    at.checkbox(key=toggle).check().run()
+    at.checkbox(key=K.drop_global_key(option)).check().run()
     ok(at)
-    assert "drop" in caption_with(at, "Ablation:")
+    assert f"drop *:{option}" in caption_with(at, "Ablation:")
     assert _mean_kl(at) > 0
-    at.checkbox(key=toggle).uncheck().run()
+    at.checkbox(key=K.drop_global_key(option)).uncheck().run()
     assert "Ablation: `none`" in caption_with(at, "Ablation:")
+
+
+def test_keep_only_drops_every_other_option_pgpt_1():
+    at = view(pick(fresh(), BY_FAMILY["pgpt"].name), "Ablation diff")
+    at.selectbox(key=K.KEEP_ONLY).set_value(0).run()
+    ok(at)
+    assert "`drop *:1` (drop path 1 everywhere)" in caption_with(at, "Ablation:")
+    assert _mean_kl(at) > 0
 
 
 def test_export_csv_has_the_documented_header(downloads):
@@ -150,14 +166,14 @@ def test_figure_html_downloads_embed_plotly_and_do_not_rerun(monkeypatch):
 @pytest.mark.parametrize("prompt", ["", "   \n\t "])
 def test_empty_prompt_gets_a_message(prompt):
     at = fresh()
-    at.text_area(key="prompt").set_value(prompt).run()
+    enter_prompt(at, prompt)
     assert not at.exception
     assert any("empty" in w.value for w in at.warning)
 
 
 def test_long_prompt_is_truncated_with_a_notice():
     at = fresh()
-    at.text_area(key="prompt").set_value("Once upon a time there was a girl. " * 80).run()
+    enter_prompt(at, "Once upon a time there was a girl. " * 80)
     ok(at)
     assert any("truncated" in w.value for w in at.warning)
 
@@ -165,8 +181,7 @@ def test_long_prompt_is_truncated_with_a_notice():
 @pytest.mark.parametrize("prompt", ["Hello 👋🏽 🦄 world", "שלום עולם مرحبا", "ctl\x00\x07\x1b[31m\u202e text",
                                     "=cmd|' /C calc'!A0", "a\r\nb\tc"])
 def test_any_unicode_prompt_runs(prompt):
-    at = fresh()
-    at.text_area(key="prompt").set_value(prompt).run()
+    at = enter_prompt(fresh(), prompt)
     ok(at)
 
 
@@ -210,7 +225,7 @@ def test_oversized_upload_is_rejected(monkeypatch):
 
 
 def test_probe_file_with_wrong_columns_gets_a_message():
-    at = view(pick(fresh(), BY_FAMILY["papaformer/gumbel_v1"].name), "Table 6")
+    at = view(pick(fresh(), BY_FAMILY["papaformer-gumbel-v1"].name), "Table 6")
     at.file_uploader(key="probes_upload").set_value(("bad.tsv", b"id\ttext\nP1\thello\n", "text/tab-separated-values"))
     at.run()
     assert not at.exception
@@ -222,11 +237,11 @@ def test_two_sessions_never_see_each_others_ablation():
     a, b = fresh(), fresh()
     pick(a, BY_FAMILY["pgpt"].name)
     pick(b, BY_FAMILY["pgpt"].name)
-    a.checkbox(key="pgpt_one").check().run()
+    a.selectbox(key=K.KEEP_ONLY).set_value(0).run()
     b.run()
     assert "drop" in caption_with(a, "Ablation:")
     assert "Ablation: `none`" in caption_with(b, "Ablation:")
-    b.checkbox(key="drop_global::0").check().run()
+    b.checkbox(key=K.drop_global_key(0)).check().run()
     a.run()
     assert "drop *:0" in caption_with(b, "Ablation:") and "drop *:1" in caption_with(a, "Ablation:")
 
@@ -243,3 +258,102 @@ def test_imported_checkpoint_without_tokenizer_is_listed_and_explained(tmp_path,
     assert not at.exception
     assert any("no tokenizer.json" in w.value and "tokenizer" in w.value for w in at.warning)
     assert "259,910" in next(c.value for c in at.caption if "papaformer" in c.value)  # counted from the config
+
+
+# --- what a new user stumbled on (issue 13, item 4) ---------------------------------------------
+
+def _generation_html(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if "rs-text" in m.value)
+
+
+def _prompt_spans(html_text: str) -> list[str]:
+    import html as H
+    return [H.unescape(t) for t in re.findall(r'<span class="rs-tok rs-prompt"[^>]*>(.*?)</span>', html_text, re.S)]
+
+
+def test_ablation_widgets_do_not_carry_over_to_another_checkpoint():
+    at = pick(fresh(), BY_FAMILY["pgpt"].name)
+    at.checkbox(key=K.drop_global_key(1)).check().run()
+    assert "drop *:1" in caption_with(at, "Ablation:")
+    pick(at, BY_FAMILY["moep"].name)
+    ok(at)
+    assert at.checkbox(key=K.drop_global_key(1)).value is False
+    assert "Ablation: `none`" in caption_with(at, "Ablation:")
+
+
+def test_the_prompt_runs_when_generate_is_pressed_not_while_typing():
+    at = fresh()
+    before = _generation_html(at)
+    at.text_area(key=K.PROMPT).set_value("Solve the equation")
+    at.run()
+    assert _generation_html(at) == before  # typed, not submitted
+    enter_prompt(at, "Solve the equation")  # AppTest drops unsubmitted form values on a run: type again
+    ok(at)
+    assert "".join(_prompt_spans(_generation_html(at))) == "Solve the equation"
+
+
+@pytest.mark.parametrize("prompt", ["Hello 👋🏽 🦄 world", "שלום עולם"])
+def test_multi_byte_characters_show_as_their_text(prompt):
+    at = enter_prompt(fresh(), prompt)
+    ok(at)
+    spans = _prompt_spans(_generation_html(at))
+    assert "".join(spans) == prompt and not any("\ufffd" in s for s in spans)
+
+
+def test_changed_tokens_counts_the_ablated_continuations_tokens():
+    """"changed tokens a of n": n = tokens the ablated run generated, a = those not matched by the
+    unablated continuation, recounted here from the two runs' ids with difflib's matching blocks."""
+    import difflib
+
+    from analysis.session import RunSettings, run_prompt
+    from core_models.checkpoint import load_checkpoint
+    from core_models.runtime import Ablation
+
+    info = BY_FAMILY["papaformer-gumbel-v2"]
+    at = view(pick(fresh(), info.name), "Ablation diff")
+    at.checkbox(key=K.drop_global_key(1)).check().run()
+    ok(at)
+    prompt = at.text_area(key=K.PROMPT).value
+    model, tok = load_checkpoint(info.path)
+    base = run_prompt(model, tok, prompt, settings=RunSettings()).generation.new_ids
+    ablated = run_prompt(model, tok, prompt, settings=RunSettings(),
+                         ablation=Ablation(drop=(("*", 1),))).generation.new_ids
+    matched = sum(m.size for m in difflib.SequenceMatcher(a=base, b=ablated, autojunk=False).get_matching_blocks())
+    metric = next(m for m in at.metric if m.label == "changed tokens")
+    assert metric.value == f"{len(ablated) - matched} of {len(ablated)}"
+
+
+def test_labels_count_from_zero_like_the_specs():
+    at = pick(fresh(), BY_FAMILY["papaformer-gumbel-v2"].name)
+    assert at.checkbox(key=K.drop_global_key(0)).label == "Drop path 0"
+    at.checkbox(key=K.drop_global_key(1)).check().run()
+    assert "`drop *:1` (drop path 1 everywhere)" in caption_with(at, "Ablation:")
+
+
+def test_moep_options_are_experts_in_moe_layers_and_blocks_in_parallel_layers():
+    at = pick(fresh(), BY_FAMILY["moep"].name)
+    assert at.checkbox(key=K.drop_global_key(0)).label == "Drop expert 0 / block 0"
+    shrink = at.multiselect(key=K.drop_key("moe_shrink"))
+    parallel = at.multiselect(key=K.drop_key("parallel.0"))
+    assert shrink.format_func(0) == "expert 0" and parallel.format_func(0) == "block 0"
+
+
+def test_attribution_says_it_does_not_apply_the_ablation():
+    at = view(fresh(), "Attribution")
+    assert not any("without the ablation" in i.value for i in at.info)
+    at.checkbox(key=K.drop_global_key(1)).check().run()
+    ok(at)
+    assert any("without the ablation" in i.value and "drop *:1" in i.value for i in at.info)
+
+
+def test_export_offers_table6_without_visiting_the_table6_view():
+    at = view(fresh(), "Export")  # the default checkpoint is a PaPaformer
+    ok(at)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Table 6 report (CSV)" in labels and "Table 6 summary (CSV)" in labels
+
+
+def test_the_prompt_divider_is_explained():
+    at = view(fresh(), "Routing")
+    ok(at)
+    assert any("the prompt ends there" in c.value for c in at.caption)

@@ -275,7 +275,7 @@ def test_streamed_routes_equal_probe_by_probe_routes(capsys, probe_file, name):
         assert [p["routes"] for p in doc["prompts"]] == got
         flat = [(r, e) for g, (_, _, e, _) in zip(got, probes) for r in g]
         assert doc["ours"]["n_routes"] == len(flat)
-        assert doc["ours"]["path 1"] == pytest.approx(sum(r == 1 for r, _ in flat) / len(flat), rel=1e-12)
+        assert doc["ours"]["route 1"] == pytest.approx(sum(r == 1 for r, _ in flat) / len(flat), rel=1e-12)
         assert doc["ours"]["accuracy"] == pytest.approx(sum(r == e for r, e in flat) / len(flat), rel=1e-12)
 
 

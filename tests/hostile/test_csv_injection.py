@@ -130,7 +130,8 @@ def view(at: AppTest, name: str) -> AppTest:
 def test_app_routing_and_generation_csv(prompt, downloads):
     tok = Tokenizer.from_file(str(CHECKPOINTS / "tokenizer.json"))
     at = app_at("pgpt")
-    at.text_area(key="prompt").set_value(prompt).run()
+    at.text_area(key="prompt").set_value(prompt)
+    at.button(key="generate").click().run()  # the prompt box is a form
     csvs = offered_csvs(view(at, "Export"), downloads)
     assert set(csvs) == {"Routing table (CSV)", "Generation with top-k (CSV)"}
 
@@ -150,7 +151,8 @@ def test_app_routing_csv_reads_back_the_prompt_tokens(downloads, tmp_path):
     tok = Tokenizer.from_file(str(CHECKPOINTS / "tokenizer.json"))
     prompt = PROMPTS[1]
     at = app_at("pgpt")
-    at.text_area(key="prompt").set_value(prompt).run()
+    at.text_area(key="prompt").set_value(prompt)
+    at.button(key="generate").click().run()  # the prompt box is a form
     path = tmp_path / "routing.csv"
     path.write_bytes(offered_csvs(view(at, "Export"), downloads)["Routing table (CSV)"])
     table = read_csv(path)
