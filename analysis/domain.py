@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from core_models.runtime import Trace, tracing
+from core_models.sites import site_name
 
 from . import columns as C
 from .routing import cosine_dominance
@@ -171,7 +172,7 @@ def token_routes(trace: Trace, config: Any) -> np.ndarray:
     if config.combiner == "share_linear":
         cos = cosine_dominance(trace)
         for i in range(config.n_parallel_layers):
-            layer = f"parallel.{i}"
+            layer = site_name("parallel", i)
             c = cos[cos[C.LAYER] == layer]
             if not len(c):
                 raise ValueError(f"the trace has no path/combined outputs for {layer}")
@@ -182,7 +183,7 @@ def token_routes(trace: Trace, config: Any) -> np.ndarray:
             per_layer.append(r)
     else:
         for i in range(config.n_parallel_layers):
-            name = f"parallel.{i}.router.choice"
+            name = site_name("parallel", i, "router", "choice")
             if name not in trace:
                 raise ValueError(f"the trace has no site {name!r}")
             per_layer.append(trace[name].numpy() + 1)
@@ -214,8 +215,8 @@ def layer_routes(trace: Trace, config: Any, *, majority: bool = False, position:
     if not majority:  # the route at `position` is the route at the last token of a row cut there
         per_token, T = per_token[:, :, : range(T)[position] + 1], range(T)[position] + 1
     routes = prompt_routes(per_token, [T] * B, majority=majority)  # (B, L)
-    df = pd.DataFrame({C.BATCH: np.tile(np.arange(B), L), C.LAYER: np.repeat([f"parallel.{i}" for i in range(L)], B),
-                       C.ROUTE: routes.T.ravel()})
+    layers = [site_name("parallel", i) for i in range(L)]
+    df = pd.DataFrame({C.BATCH: np.tile(np.arange(B), L), C.LAYER: np.repeat(layers, B), C.ROUTE: routes.T.ravel()})
     df[C.ROUTE] = df[C.ROUTE].astype("Int64").mask(df[C.ROUTE] == 0)
     return df
 
@@ -223,9 +224,9 @@ def layer_routes(trace: Trace, config: Any, *, majority: bool = False, position:
 def route_sites(config: Any) -> list[str]:
     """The sites `token_routes` reads (Gumbel: router choices; Share-Linear: path and combined outputs)."""
     if config.combiner == "share_linear":
-        return [f"parallel.{i}.{s}" for i in range(config.n_parallel_layers)
-                for s in ["combined"] + [f"paths.{j}.out" for j in range(config.n_paths)]]
-    return [f"parallel.{i}.router.choice" for i in range(config.n_parallel_layers)]
+        return [site_name("parallel", i, s) for i in range(config.n_parallel_layers)
+                for s in ["combined"] + [site_name("paths", j, "out") for j in range(config.n_paths)]]
+    return [site_name("parallel", i, "router", "choice") for i in range(config.n_parallel_layers)]
 
 
 def encode_probe(tokenizer: Any, probe_id: str, prompt: str, context: int) -> list[int]:
@@ -295,7 +296,7 @@ def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: 
     df = pd.DataFrame({C.PROMPT_ID: np.repeat([p.prompt_id for p in rows], L),
                        C.DOMAIN: np.repeat([p.domain for p in rows], L),
                        C.EXPECTED_PATH: np.repeat([p.expected_path for p in rows], L).astype("int64"),
-                       C.LAYER: np.tile([f"parallel.{i}" for i in range(L)], N),
+                       C.LAYER: np.tile([site_name("parallel", i) for i in range(L)], N),
                        C.ROUTE: pd.array(routes.ravel(), dtype="Int64")})
     df[C.ROUTE] = df[C.ROUTE].mask(df[C.ROUTE] == 0)
     return _with_correct(df)
@@ -324,7 +325,7 @@ def paper_routes(probes: pd.DataFrame, combiner: str) -> pd.DataFrame | None:
         route = parse_route(cell)
         if route is None:
             raise ValueError(f"probe {pid}: {col} = {cell!r} is not a route like 2>2>1")
-        rows += [(pid, domain, int(expected), f"parallel.{i}", r) for i, r in enumerate(route)]
+        rows += [(pid, domain, int(expected), site_name("parallel", i), r) for i, r in enumerate(route)]
     df = pd.DataFrame(rows, columns=[C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.LAYER, C.ROUTE])
     df[C.ROUTE] = df[C.ROUTE].astype("Int64")
     return _with_correct(df)

@@ -49,9 +49,13 @@ def site(trace: Trace, name: str) -> torch.Tensor:
     return trace[name]
 
 
-def numbered(trace: Trace, pattern: str) -> list[tuple[int, ...]]:
-    """Integer groups of every recorded site name fully matching `pattern`, sorted."""
-    rx = re.compile(pattern)
+INDEX = None  # a numbered part of a site name, for `numbered`
+
+
+def numbered(trace: Trace, *parts: object) -> list[tuple[int, ...]]:
+    """The numbers in the INDEX parts of every recorded site named site_name(*parts), sorted:
+    numbered(trace, "parallel", INDEX, "combined") -> [(0,), (1,), ...]."""
+    rx = re.compile(r"\.".join(r"(\d+)" if p is INDEX else re.escape(str(p)) for p in parts))
     found = {tuple(int(g) for g in m.groups()) for n in trace.names() if (m := rx.fullmatch(n))}
     return sorted(found)
 
@@ -139,9 +143,9 @@ def topk_routes(trace: Trace) -> pd.DataFrame:
     rank (0 = first choice), option, renormalised weight and router probability."""
     frames = []
     for layer in topk_layers(trace):
-        idx = trace[f"{layer}.router.indices"]  # (B, T, k)
-        w = trace[f"{layer}.router.weights"].float()  # (B, T, k)
-        probs = trace[f"{layer}.router.probs"].float()  # (B, T, n)
+        idx = trace[site_name(layer, "router", "indices")]  # (B, T, k)
+        w = trace[site_name(layer, "router", "weights")].float()  # (B, T, k)
+        probs = trace[site_name(layer, "router", "probs")].float()  # (B, T, n)
         B, T, k = idx.shape
         b, t, r = grid_indices(B, T, k)
         frames.append(pd.DataFrame({
@@ -156,8 +160,8 @@ def topk_utilisation(trace: Trace) -> pd.DataFrame:
     selecting it (shares of a layer sum to k)."""
     rows = []
     for layer in topk_layers(trace):
-        idx = trace[f"{layer}.router.indices"]
-        n = trace[f"{layer}.router.probs"].shape[-1]
+        idx = trace[site_name(layer, "router", "indices")]
+        n = trace[site_name(layer, "router", "probs")].shape[-1]
         n_tok = idx.shape[0] * idx.shape[1]
         counts = torch.bincount(idx.flatten(), minlength=n)
         rows += [(layer, o, int(counts[o]), n_tok, float(counts[o]) / n_tok) for o in range(n)]
@@ -168,8 +172,8 @@ def topk_coselection(trace: Trace) -> pd.DataFrame:
     """Per top-k layer and option pair (a < b): how many tokens selected both together."""
     rows = []
     for layer in topk_layers(trace):
-        idx = trace[f"{layer}.router.indices"]
-        n = trace[f"{layer}.router.probs"].shape[-1]
+        idx = trace[site_name(layer, "router", "indices")]
+        n = trace[site_name(layer, "router", "probs")].shape[-1]
         sel = F.one_hot(idx, n).sum(-2).flatten(0, 1).clamp(max=1).float()  # (N, n) 0/1
         both = sel.T @ sel  # (n, n) tokens selecting both
         rows += [(layer, a, b, int(both[a, b])) for a, b in itertools.combinations(range(n), 2)]
@@ -186,11 +190,11 @@ def cosine_dominance(trace: Trace) -> pd.DataFrame:
     last Share-Linear layer maps to d_model directly) the cosine is undefined: NaN, no dominant
     path, and a note in `df.attrs["notes"]`."""
     frames, notes = [], []
-    for (i,) in numbered(trace, r"parallel\.(\d+)\.combined"):
-        layer = f"parallel.{i}"
-        comb = trace[f"{layer}.combined"].float()  # (B, T, w)
-        paths = [(j, trace[f"{layer}.{kind}.{j}.out"].float())
-                 for kind in ("paths", "blocks") for (j,) in numbered(trace, rf"parallel\.{i}\.{kind}\.(\d+)\.out")]
+    for (i,) in numbered(trace, "parallel", INDEX, "combined"):
+        layer = site_name("parallel", i)
+        comb = trace[site_name(layer, "combined")].float()  # (B, T, w)
+        paths = [(j, trace[site_name(layer, kind, j, "out")].float())
+                 for kind in ("paths", "blocks") for (j,) in numbered(trace, "parallel", i, kind, INDEX, "out")]
         if not paths:
             continue
         B, T, _ = comb.shape
@@ -220,7 +224,7 @@ def pgpt_paths(trace: Trace) -> pd.DataFrame:
     output and its norm share ||w_j path_j|| / sum_k ||w_k path_k||. Dropped paths (not run) get
     norm and share 0."""
     w = site(trace, "mixer.weights").float()  # (P,)
-    outs = {j: trace[f"paths.{j}.out"].float() for (j,) in numbered(trace, r"paths\.(\d+)\.out")}
+    outs = {j: trace[site_name("paths", j, "out")].float() for (j,) in numbered(trace, "paths", INDEX, "out")}
     if not outs:
         raise ValueError("the trace has no paths.{j}.out sites; trace a ParallelGPT call with tracing()")
     B, T, _ = next(iter(outs.values())).shape
@@ -268,10 +272,10 @@ def atm_merges(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
     greedily from the recorded cosines at that threshold, as the model would have merged (no
     retraining needed). Needs a call traced with atm=True (or a model with atm_inference)."""
     frames = []
-    for (i,) in numbered(trace, r"blocks\.(\d+)\.atm\.adjacent_cos"):
-        layer = f"blocks.{i}.atm"
-        cos = _np(trace[f"{layer}.adjacent_cos"])  # (B, T-1)
-        recorded = _np(site(trace, f"{layer}.merge_map")) if tau is None else None
+    for (i,) in numbered(trace, "blocks", INDEX, "atm", "adjacent_cos"):
+        layer = site_name("blocks", i, "atm")
+        cos = _np(trace[site_name(layer, "adjacent_cos")])  # (B, T-1)
+        recorded = _np(site(trace, site_name(layer, "merge_map"))) if tau is None else None
         B, T = cos.shape[0], cos.shape[1] + 1
         for b in range(B):
             if tau is None:
@@ -308,19 +312,19 @@ def dsff_gates(trace: Trace) -> pd.DataFrame:
     of stream A) averaged over the model dimension. DSFF runs per token, also in ATM blocks (token
     merging applies to attention only)."""
     frames = []
-    for (i,) in numbered(trace, r"blocks\.(\d+)\.dsff\.gate"):
-        g = trace[f"blocks.{i}.dsff.gate"].float().mean(-1)  # (B, T)
+    for (i,) in numbered(trace, "blocks", INDEX, "dsff", "gate"):
+        g = trace[site_name("blocks", i, "dsff", "gate")].float().mean(-1)  # (B, T)
         B, T = g.shape
         b, t = grid_indices(B, T)
-        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: f"blocks.{i}.dsff",
+        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: site_name("blocks", i, "dsff"),
                                     C.GATE_MEAN: _np(g).ravel()}))
     return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.GATE_MEAN])
 
 
 def gcla_betas(trace: Trace) -> pd.DataFrame:
     """Per Wiola block with cross-layer attention ("blocks.{i}.attn"; block 0 has none): beta."""
-    rows = [(f"blocks.{i}.attn", float(trace[f"blocks.{i}.attn.gcla_beta"]))
-            for (i,) in numbered(trace, r"blocks\.(\d+)\.attn\.gcla_beta")]
+    rows = [(site_name("blocks", i, "attn"), float(trace[site_name("blocks", i, "attn", "gcla_beta")]))
+            for (i,) in numbered(trace, "blocks", INDEX, "attn", "gcla_beta")]
     return pd.DataFrame(rows, columns=[C.LAYER, C.BETA])
 
 
@@ -336,12 +340,12 @@ def pagmlp_pathways(trace: Trace, model: Any) -> pd.DataFrame:
     any, belongs to neither) and its share of the two output norms. Takes the model for the
     down projections."""
     frames = []
-    for (i,) in numbered(trace, r"blocks\.(\d+)\.ffn\.alpha"):
-        layer = f"blocks.{i}.ffn"
+    for (i,) in numbered(trace, "blocks", INDEX, "ffn", "alpha"):
+        layer = site_name("blocks", i, "ffn")
         down = model.get_submodule(layer).down.weight.detach().float().cpu()  # (d, h); the trace is on the CPU
         half = down.shape[1] // 2
-        scales = [float(trace[f"{layer}.alpha"]), float(trace[f"{layer}.beta"])]
-        acts = [site(trace, f"{layer}.swiglu_out").float(), site(trace, f"{layer}.geglu_out").float()]
+        scales = [float(trace[site_name(layer, "alpha")]), float(trace[site_name(layer, "beta")])]
+        acts = [site(trace, site_name(layer, "swiglu_out")).float(), site(trace, site_name(layer, "geglu_out")).float()]
         act_norm = torch.stack([a.norm(dim=-1) for a in acts])  # (2, B, T)
         out_norm = torch.stack([(acts[0] @ down[:, :half].T).norm(dim=-1), (acts[1] @ down[:, half:].T).norm(dim=-1)])
         share = out_norm / out_norm.sum(0).clamp_min(1e-30)

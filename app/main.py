@@ -30,7 +30,7 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
     left, right = st.columns([1, 4], gap="medium")
     with left:
         st.subheader("Switch off")
-        ab = ablation.controls(model)
+        ab = ablation.controls(model, path)
         st.caption("Options count from 0, as in ablation specs (`drop *:1`) and the export's option column.")
     t0 = time.perf_counter()
     try:

@@ -24,22 +24,27 @@ PROBES_UPLOAD = "probes_upload"
 TABLE6_MAJORITY = "table6_majority"
 TABLE6_SHOWN = "table6_shown"  # {(path, mtime): (probe file name, bytes, majority)} the view last showed
 
-# ablation widgets: their values belong to the checkpoint in ABLATION_OWNER (views.ablation.reset_for)
+# ablation widgets: keyed by the checkpoint they belong to (its path), so a box ticked for one model
+# is a different widget from the next model's (the browser keeps a widget's value per key);
+# views.ablation.reset_for also forgets the previous checkpoint's values
 ABLATION_OWNER = "ablation_owner"
-KEEP_ONLY = "ablate::keep_only"
 _ABLATION = "ablate::"
 
 
-def drop_global_key(option: int) -> str:
-    return f"{_ABLATION}drop_global::{option}"
+def keep_only_key(scope: str) -> str:
+    return f"{_ABLATION}{scope}::keep_only"
 
 
-def drop_key(layer: str) -> str:
-    return f"{_ABLATION}drop::{layer}"
+def drop_global_key(scope: str, option: int) -> str:
+    return f"{_ABLATION}{scope}::drop_global::{option}"
 
 
-def force_key(layer: str) -> str:
-    return f"{_ABLATION}force::{layer}"
+def drop_key(scope: str, layer: str) -> str:
+    return f"{_ABLATION}{scope}::drop::{layer}"
+
+
+def force_key(scope: str, layer: str) -> str:
+    return f"{_ABLATION}{scope}::force::{layer}"
 
 
 def is_ablation_key(key: str) -> bool:

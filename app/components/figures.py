@@ -133,8 +133,8 @@ def option_weights_figure(view: pd.DataFrame, layer: str, tokens: list[str], n_p
     z = np.full((len(names), len(tokens)), np.nan)
     z[v[C.OPTION].to_numpy(), v[C.POSITION].to_numpy()] = v[C.WEIGHT].to_numpy(dtype=float)
     shown = [html.escape(show_token(t)) for t in tokens]
-    hover = np.array([[f"<b>{shown[t]}</b> (pos {t})<br>{layer} · {names[o]}: {z[o, t]:.3f}" for t in range(len(tokens))]
-                      for o in range(len(names))], dtype=object)
+    hover = np.array([[f"<b>{shown[t]}</b> (pos {t})<br>{layer} · {names[o]}: {z[o, t]:.3f}"
+                       for t in range(len(tokens))] for o in range(len(names))], dtype=object)
     return value_heatmap(z, hover, names, tokens, f"{layer}: weight of each option per token", n_prompt,
                          zmin=0.0, zmax=1.0, colorscale="Blues", colorbar_title="weight")
 

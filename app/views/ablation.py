@@ -2,8 +2,9 @@
 
 Labels come from the model's routing layers (`RoutingLayer.option_labels`, numbered from 0 like the
 ablation specs and the export's `option` column). The widgets' values belong to one checkpoint:
-`reset_for` clears them when another checkpoint is picked, so a ticked "drop path 1" never turns
-into a ticked "drop expert 1" of the next model."""
+their keys carry the checkpoint's path (the browser keeps a widget's value per key) and `reset_for`
+forgets the previous checkpoint's values, so a ticked "drop path 1" never turns into a ticked
+"drop expert 1 / block 1" of the next model."""
 from __future__ import annotations
 
 import streamlit as st
@@ -31,7 +32,8 @@ def _global_labels(labels: dict[str, list[str]], n: int) -> list[str]:
     return [" / ".join(dict.fromkeys(ls[j] for ls in labels.values())) for j in range(n)]
 
 
-def controls(model: RouteScopeLM) -> Ablation:
+def controls(model: RouteScopeLM, scope: str) -> Ablation:
+    """The ablation the widgets describe; `scope`: the checkpoint's path (part of every key)."""
     layers = model.routing_layers()
     if not layers:
         st.info("This model has no paths, blocks or experts to switch off.")
@@ -40,22 +42,22 @@ def controls(model: RouteScopeLM) -> Ablation:
     n_global = min(layers.values())
     names = _global_labels(labels, n_global)
     drop, force = [], []
-    keep = st.selectbox("Keep only", [ALL] + list(range(n_global)), key=K.KEEP_ONLY,
+    keep = st.selectbox("Keep only", [ALL] + list(range(n_global)), key=K.keep_only_key(scope),
                         format_func=lambda j: j if j == ALL else f"{names[j]} (drop the others everywhere)",
                         help="Drop every other option of every layer: with two paths, pgpt-1 of the paper")
     if keep != ALL:
         drop += [(ALL_LAYERS, j) for j in range(n_global) if j != keep]
     st.caption("Drop everywhere")
     for j in range(n_global):
-        if st.checkbox(f"Drop {names[j]}", key=K.drop_global_key(j)):
+        if st.checkbox(f"Drop {names[j]}", key=K.drop_global_key(scope, j)):
             drop.append((ALL_LAYERS, j))
     with st.expander("Per layer", expanded=False):
         for layer, n in layers.items():
             chosen = st.multiselect(f"{layer}: drop", list(range(n)), format_func=lambda j, l=layer: labels[l][j],
-                                    key=K.drop_key(layer))
+                                    key=K.drop_key(scope, layer))
             drop += [(layer, j) for j in chosen]
             if model.routing_modules[layer].can_force:
-                route = st.selectbox(f"{layer}: force route", [AUTO] + list(range(n)), key=K.force_key(layer),
+                route = st.selectbox(f"{layer}: force route", [AUTO] + list(range(n)), key=K.force_key(scope, layer),
                                      format_func=lambda j, l=layer: j if j == AUTO else labels[l][j])
                 if route != AUTO:
                     force.append((layer, int(route)))

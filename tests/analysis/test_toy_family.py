@@ -174,8 +174,8 @@ def test_the_app_draws_its_routing_and_offers_its_ablations(toy, monkeypatch):
     at.selectbox(key=K.CHECKPOINT).set_value(str(path)).run()
     at.segmented_control(key=K.VIEW).set_value("Routing").run()
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
-    assert at.checkbox(key=K.drop_global_key(2)).label == "Drop lane 2"
-    assert at.selectbox(key=K.force_key("layers.1")).format_func(1) == "lane 1"
+    assert at.checkbox(key=K.drop_global_key(str(path), 2)).label == "Drop lane 2"
+    assert at.selectbox(key=K.force_key(str(path), "layers.1")).format_func(1) == "lane 1"
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     titles = [f["layout"]["title"]["text"] for f in figs]
     assert any(t.startswith("Option with the largest weight") for t in titles), titles

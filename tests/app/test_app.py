@@ -53,6 +53,11 @@ def pick(at: AppTest, name: str) -> AppTest:
     return at
 
 
+def scope(at: AppTest) -> str:
+    """The chosen checkpoint's path: part of every ablation widget's key."""
+    return at.selectbox(key=K.CHECKPOINT).value
+
+
 def enter_prompt(at: AppTest, text: str) -> AppTest:
     """Type a prompt and press Generate (the prompt box is a form: typing alone runs nothing)."""
     at.text_area(key=K.PROMPT).set_value(text)
@@ -105,17 +110,17 @@ def _mean_kl(at: AppTest) -> float:
                                            ("papaformer-share-linear", 0)])
 def test_toggling_a_path_changes_the_output(family, option):
     at = view(pick(fresh(), BY_FAMILY[family].name), "Ablation diff")
-    at.checkbox(key=K.drop_global_key(option)).check().run()
+    at.checkbox(key=K.drop_global_key(scope(at), option)).check().run()
     ok(at)
     assert f"drop *:{option}" in caption_with(at, "Ablation:")
     assert _mean_kl(at) > 0
-    at.checkbox(key=K.drop_global_key(option)).uncheck().run()
+    at.checkbox(key=K.drop_global_key(scope(at), option)).uncheck().run()
     assert "Ablation: `none`" in caption_with(at, "Ablation:")
 
 
 def test_keep_only_drops_every_other_option_pgpt_1():
     at = view(pick(fresh(), BY_FAMILY["pgpt"].name), "Ablation diff")
-    at.selectbox(key=K.KEEP_ONLY).set_value(0).run()
+    at.selectbox(key=K.keep_only_key(scope(at))).set_value(0).run()
     ok(at)
     assert "`drop *:1` (drop path 1 everywhere)" in caption_with(at, "Ablation:")
     assert _mean_kl(at) > 0
@@ -237,11 +242,11 @@ def test_two_sessions_never_see_each_others_ablation():
     a, b = fresh(), fresh()
     pick(a, BY_FAMILY["pgpt"].name)
     pick(b, BY_FAMILY["pgpt"].name)
-    a.selectbox(key=K.KEEP_ONLY).set_value(0).run()
+    a.selectbox(key=K.keep_only_key(scope(a))).set_value(0).run()
     b.run()
     assert "drop" in caption_with(a, "Ablation:")
     assert "Ablation: `none`" in caption_with(b, "Ablation:")
-    b.checkbox(key=K.drop_global_key(0)).check().run()
+    b.checkbox(key=K.drop_global_key(scope(b), 0)).check().run()
     a.run()
     assert "drop *:0" in caption_with(b, "Ablation:") and "drop *:1" in caption_with(a, "Ablation:")
 
@@ -273,11 +278,13 @@ def _prompt_spans(html_text: str) -> list[str]:
 
 def test_ablation_widgets_do_not_carry_over_to_another_checkpoint():
     at = pick(fresh(), BY_FAMILY["pgpt"].name)
-    at.checkbox(key=K.drop_global_key(1)).check().run()
+    pgpt = scope(at)
+    at.checkbox(key=K.drop_global_key(pgpt, 1)).check().run()
     assert "drop *:1" in caption_with(at, "Ablation:")
     pick(at, BY_FAMILY["moep"].name)
     ok(at)
-    assert at.checkbox(key=K.drop_global_key(1)).value is False
+    assert at.checkbox(key=K.drop_global_key(scope(at), 1)).value is False
+    assert K.drop_global_key(pgpt, 1) not in at.session_state  # forgotten, not kept for a later visit
     assert "Ablation: `none`" in caption_with(at, "Ablation:")
 
 
@@ -311,7 +318,7 @@ def test_changed_tokens_counts_the_ablated_continuations_tokens():
 
     info = BY_FAMILY["papaformer-gumbel-v2"]
     at = view(pick(fresh(), info.name), "Ablation diff")
-    at.checkbox(key=K.drop_global_key(1)).check().run()
+    at.checkbox(key=K.drop_global_key(scope(at), 1)).check().run()
     ok(at)
     prompt = at.text_area(key=K.PROMPT).value
     model, tok = load_checkpoint(info.path)
@@ -325,23 +332,23 @@ def test_changed_tokens_counts_the_ablated_continuations_tokens():
 
 def test_labels_count_from_zero_like_the_specs():
     at = pick(fresh(), BY_FAMILY["papaformer-gumbel-v2"].name)
-    assert at.checkbox(key=K.drop_global_key(0)).label == "Drop path 0"
-    at.checkbox(key=K.drop_global_key(1)).check().run()
+    assert at.checkbox(key=K.drop_global_key(scope(at), 0)).label == "Drop path 0"
+    at.checkbox(key=K.drop_global_key(scope(at), 1)).check().run()
     assert "`drop *:1` (drop path 1 everywhere)" in caption_with(at, "Ablation:")
 
 
 def test_moep_options_are_experts_in_moe_layers_and_blocks_in_parallel_layers():
     at = pick(fresh(), BY_FAMILY["moep"].name)
-    assert at.checkbox(key=K.drop_global_key(0)).label == "Drop expert 0 / block 0"
-    shrink = at.multiselect(key=K.drop_key("moe_shrink"))
-    parallel = at.multiselect(key=K.drop_key("parallel.0"))
+    assert at.checkbox(key=K.drop_global_key(scope(at), 0)).label == "Drop expert 0 / block 0"
+    shrink = at.multiselect(key=K.drop_key(scope(at), "moe_shrink"))
+    parallel = at.multiselect(key=K.drop_key(scope(at), "parallel.0"))
     assert shrink.format_func(0) == "expert 0" and parallel.format_func(0) == "block 0"
 
 
 def test_attribution_says_it_does_not_apply_the_ablation():
     at = view(fresh(), "Attribution")
     assert not any("without the ablation" in i.value for i in at.info)
-    at.checkbox(key=K.drop_global_key(1)).check().run()
+    at.checkbox(key=K.drop_global_key(scope(at), 1)).check().run()
     ok(at)
     assert any("without the ablation" in i.value and "drop *:1" in i.value for i in at.info)
 

@@ -1,7 +1,9 @@
 """End to end in a real browser: Debian's Chromium driven by Playwright against `routescope app`.
 
 Starts the app on a free local port, enters a prompt, switches a path off, downloads the routing
-CSV and checks it; screenshots go to test-artifacts/. Also prints the toggle-to-update times it
+CSV and checks it, then walks through what a new user stumbled on (issue 13: Generate button,
+ablations per checkpoint, one numbering, legends, multi-byte text, attribution and Table 6 exports);
+screenshots go to test-artifacts/. Also prints the toggle-to-update times it
 measured, 5 uncached toggles per checkpoint (read them with `pytest -s`; benchmarks/bench_ablation.py
 parses that line).
 """
@@ -71,6 +73,13 @@ def _ready(page, text: str, timeout: float = 60_000) -> None:
 
 def _caption(page) -> str:
     return page.locator("[data-testid='stCaptionContainer']", has_text="Ablation:").first.inner_text()
+
+
+def _caption_shows(page, text: str, timeout: float = 60_000) -> None:
+    """Wait until the ablation caption reads `text` (a stale caption of the previous run may linger)."""
+    page.wait_for_function(
+        "e => [...document.querySelectorAll('[data-testid=\"stCaptionContainer\"]')]"
+        ".some(c => c.innerText.startsWith('Ablation:') && c.innerText.includes(e))", arg=text, timeout=timeout)
 
 
 def _pick(page, name: str) -> None:
@@ -144,7 +153,7 @@ def test_prompt_toggle_download(app_url, browser, tmp_path):
     page.get_by_role("radio", name="Routing", exact=True).click()
     page.screenshot(path=str(ARTIFACTS / "02_pgpt_routing.png"), full_page=True)
 
-    pgpt_times = [_toggle_time(page, "pgpt-1: keep path 1 only", "drop *:1")]
+    pgpt_times = [_toggle_time(page, "Drop path 1", "drop *:1")]  # pgpt-1 of the paper: path 0 alone
     assert "drop *:1" in _caption(page)
     page.get_by_role("radio", name="Ablation diff", exact=True).click()
     page.get_by_text("mean KL (nats)").first.wait_for(timeout=30_000)
@@ -161,22 +170,26 @@ def test_prompt_toggle_download(app_url, browser, tmp_path):
     table = read_csv(path)  # the documented reader gives the typed table back
     assert table["token"].str.strip().eq("3").any() and (table["ablation"] == "drop *:1").all()
     page.get_by_role("radio", name="Routing", exact=True).click()
-    more, pgpt_cached = _repeat_toggle_times(page, "pgpt-1: keep path 1 only", "drop *:1", range(1, TOGGLE_REPEATS))
+    more, pgpt_cached = _repeat_toggle_times(page, "Drop path 1", "drop *:1", range(1, TOGGLE_REPEATS))
     pgpt_times += more
 
-    # a PaPaformer checkpoint with a 64-token prompt: toggle a path and time the update
+    # a PaPaformer checkpoint with a 64-token prompt: toggle a path and time the update. The pgpt
+    # box is still ticked: another checkpoint starts with no ablation (nothing carries over)
     _pick(page, "papaformer-gumbel-v2")
+    _caption_shows(page, "Ablation: none")
+    _idle(page)
+    assert not any(c.is_checked() for c in page.get_by_role("checkbox", name="Drop path 1").all())
     from tokenizers import Tokenizer
     assert len(Tokenizer.from_file(str(ROOT / "checkpoints" / "tokenizer.json")).encode(PROMPT_64).ids) == 64
     box.fill(PROMPT_64)
-    box.press("Control+Enter")
+    page.get_by_role("button", name="Generate").click()
     page.get_by_role("radio", name="Generation", exact=True).click()
     page.wait_for_function("() => [...document.querySelectorAll('.rs-text')].some(e => e.innerText.includes('Sunday'))",
                            timeout=60_000)
     page.get_by_role("radio", name="Routing", exact=True).click()
-    papa_times = [_toggle_time(page, "Drop path 1", "drop *:0")]
-    page.screenshot(path=str(ARTIFACTS / "04_papaformer_drop_path1.png"), full_page=True)
-    more, papa_cached = _repeat_toggle_times(page, "Drop path 1", "drop *:0", range(1, TOGGLE_REPEATS))
+    papa_times = [_toggle_time(page, "Drop path 0", "drop *:0")]
+    page.screenshot(path=str(ARTIFACTS / "04_papaformer_drop_path0.png"), full_page=True)
+    more, papa_cached = _repeat_toggle_times(page, "Drop path 0", "drop *:0", range(1, TOGGLE_REPEATS))
     papa_times += more
     (pgpt_browser, pgpt_server), (papa_browser, papa_server) = zip(*pgpt_times), zip(*papa_times)
     print(f"\ntoggle-to-update in the browser: pgpt {_summary(pgpt_browser)}, "
@@ -247,4 +260,63 @@ def test_tables_offer_no_raw_csv_export(app_url, browser):
     table.hover()
     page.locator("[data-testid='stElementToolbarButton']").first.wait_for(timeout=10_000)  # the toolbar is up
     assert page.get_by_role("button", name="Download as CSV").count() == 0
+    page.close()
+
+
+def _text_of(page, selector: str) -> str:
+    return page.locator(selector).first.inner_text()
+
+
+def test_what_a_new_user_meets(app_url, browser):
+    """The app details of issue 13, item 4, as a new user meets them (screenshots 05-09)."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.goto(app_url)
+    _ready(page, "updated in")
+    # a Generate button, and typing alone runs nothing
+    box = page.get_by_role("textbox", name="Prompt")
+    box.fill("Hello 👋🏽 🦄 שלום עולם")
+    _idle(page)
+    assert "🦄" not in _text_of(page, ".rs-text")
+    page.get_by_role("button", name="Generate").click()
+    page.wait_for_function("() => [...document.querySelectorAll('.rs-prompt')].some(e => e.innerText.includes('🦄'))",
+                           timeout=60_000)
+    prompt_text = "".join(page.locator(".rs-prompt").all_inner_texts())
+    assert prompt_text == "Hello 👋🏽 🦄 שלום עולם" and "\ufffd" not in prompt_text  # characters, not U+FFFD
+    assert "dashed underline" in page.get_by_text("Hover a generated token").first.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "05_multibyte_prompt_and_legend.png"), full_page=True)
+
+    # one numbering: labels, specs and captions count from 0
+    page.get_by_text("Drop path 1", exact=True).click()
+    page.wait_for_function("() => document.body.innerText.includes('drop path 1 everywhere')", timeout=60_000)
+    assert "drop *:1" in _caption(page)
+    page.get_by_role("radio", name="Routing", exact=True).click()
+    page.get_by_text("the prompt ends there").first.wait_for(timeout=60_000)  # the divider's legend
+    page.locator(".js-plotly-plot .annotation-text", has_text="generated").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "06_routing_divider_legend.png"), full_page=True)
+
+    page.get_by_role("radio", name="Ablation diff", exact=True).click()
+    metric = page.locator("[data-testid='stMetric']", has_text="changed tokens").first
+    metric.wait_for(timeout=60_000)
+    changed, total = map(int, re.search(r"(\d+) of (\d+)", metric.inner_text()).groups())
+    assert 0 <= changed <= total
+    page.get_by_role("radio", name="Attribution", exact=True).click()
+    page.get_by_text("without the ablation on the left").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "07_attribution_says_no_ablation.png"), full_page=True)
+
+    # Table 6 exports without opening the Table 6 view first
+    page.get_by_role("radio", name="Export", exact=True).click()
+    page.get_by_role("button", name="Table 6 report (CSV)").wait_for(timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "08_export_table6_offered.png"), full_page=True)
+
+    # another checkpoint: nothing ticked carries over; MoEP labels experts and blocks apart
+    _pick(page, "moep")
+    _caption_shows(page, "Ablation: none")
+    _idle(page)
+    assert not any(c.is_checked() for c in page.get_by_role("checkbox", name="Drop expert 1 / block 1").all())
+    page.get_by_text("Per layer").first.click()
+    page.get_by_text("moe_shrink: drop").first.wait_for(timeout=30_000)
+    page.locator("[data-testid='stMultiSelect']").filter(has_text="moe_shrink: drop").locator("input").first.click()
+    page.get_by_role("option", name="expert 0", exact=True).wait_for(timeout=30_000)
+    page.keyboard.press("Escape")
+    page.screenshot(path=str(ARTIFACTS / "09_moep_experts_and_blocks.png"), full_page=True)
     page.close()
