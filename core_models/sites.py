@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from . import runtime
-from .runtime import _TRACE
 
 # Site of a routing layer, relative to it, that generic analyses read when a family has no analysis
 # of its own: [batch, pos, n_options] weight of each option in this call (0 where unused or dropped).
@@ -43,7 +42,7 @@ class Site(nn.Module):
         self.pos_axis = pos_axis
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tr = _TRACE.get()
+        tr = runtime.active_trace()
         if tr is not None and tr.wants(self.name):
             return tr.visit(self.name, x, self.pos_axis, self.shape)
         return x
