@@ -16,6 +16,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--n-large-pre", type=O.nonnegative_int, default=1)
     c.add_argument("--n-large-post", type=O.nonnegative_int, default=1)
     c.add_argument("--seed", type=O.seed, default=0)
+    c.add_argument("--combiner-init", default="mean", choices=O.ChoicesOf("core_models.training.compose", "COMBINER_INITS"),
+                   metavar="INIT", help="Gumbel combiner: mean of the paths, or normal (N(0, 0.02), the "
+                                        "reference's); one of %(choices)s (default: mean)")
     c.set_defaults(func=run)
 
 
@@ -27,9 +30,10 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = [load_checkpoint(p) for p in args.paths]
     model = compose([m for m, _ in loaded], args.combiner, n_large_pre=args.n_large_pre,
-                    n_large_post=args.n_large_post, seed=args.seed)
+                    n_large_post=args.n_large_post, seed=args.seed, combiner_init=args.combiner_init)
     card = (f"# composed {args.combiner}\n\nUntrained composition of {', '.join(args.paths)} "
-            f"(blocks -> parallel paths, embeddings concatenated); train it on mixed data.\n")
+            f"(blocks -> parallel paths, embeddings concatenated, combiner init {args.combiner_init}); "
+            f"train it on mixed data.\n")
     save_checkpoint(model, args.out, tokenizer=loaded[0][1], card=card, dtype=torch.float32)
     sys.stdout.write(f"wrote {args.out}\n")
     return 0

@@ -159,6 +159,10 @@ class ParallelLayer(RoutingLayer):
         # Share-Linear has no router: forcing a path drops the others; a Gumbel router gets the force
         dropped = self.dropped() if self.router is not None else self.skipped()
         outs = [torch.zeros_like(x) if j in dropped else p(x) for j, p in enumerate(self.paths)]  # k x (B, T, d')
+        st = runtime.current()
+        targets = st.options.get(ROUTE_TARGETS) if st.training and self.router is None else None
+        if targets is not None:  # Share-Linear curriculum: a token with a target keeps only that path's output
+            outs = [o * ((targets == j) | (targets < 0)).unsqueeze(-1).to(o.dtype) for j, o in enumerate(outs)]
         cat = torch.cat(outs, dim=-1)  # (B, T, k*d')
         comb = self.combined(self.combine(cat))
         if self.router is None:
@@ -200,12 +204,13 @@ class Papaformer(RouteScopeLM):
         return {AUX_ENTROPY: c.aux_lambda, AUX_BALANCE: balance, AUX_Z: c.z_lambda}
 
     def run_options(self) -> dict[str, str]:
+        targets = {ROUTE_TARGETS: "(batch, pos) option every token must take in every parallel layer while training, "
+                                  "-1 = free (the trainer's domain-route warm-up); Share-Linear: the token keeps only "
+                                  "that path's output"}
         if self.config.combiner == "share_linear":
-            return {}
+            return targets
         return {GUMBEL_TAU: "Gumbel-softmax temperature of a training call (the trainer's annealing schedule); "
-                            "default: the config's gumbel_tau",
-                ROUTE_TARGETS: "(batch, pos) option every token must take in every parallel layer while "
-                               "training, -1 = the router's choice (the trainer's domain-route warm-up)"}
+                            "default: the config's gumbel_tau", **targets}
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         if self.config.pad_id >= 0:

@@ -8,10 +8,15 @@ d = sum of the path widths. The configuration is the combiner's preset (e.g. Sha
 k*d' -> d grow) with the paths' sizes. Full layers, the shrink/grow connections and the combiner
 are new and are trained afterwards on mixed data.
 
-Initial combiners: a pass-through of the paths' sum (Share-Linear) or mean (Gumbel) in the inner
-layers; Share-Linear's last Share (k*d' -> d = k*d') starts as the identity, so the full-width
-stream receives the concatenation [path 0 | path 1 | ...], aligned with the concatenated
-embeddings and head.
+Initial combiners (`combiner_init`): "mean" (default), a pass-through of the paths' sum
+(Share-Linear) or mean (Gumbel) in the inner layers; Share-Linear's last Share (k*d' -> d = k*d')
+starts as the identity, so the full-width stream receives the concatenation [path 0 | path 1 | ...],
+aligned with the concatenated embeddings and head. "normal": the Gumbel combiner keeps the
+model's own initialisation, N(0, 0.02) weights and zero bias, as the reference train.py leaves it
+(`model.apply(init_weights)` before the paths are loaded). With "mean" the combined candidate
+starts as the average of the paths, a hedge that is never worse than a wrong path, and Gumbel
+routers learn to pick it for nearly every token (checkpoints/experiments/gumbel-routing.md);
+with "normal" it starts near zero and must earn its share, as in the paper.
 
 `shrink_from=j` initialises the shrink connection to read path j's half of the embedding (and,
 with no full layer before the parallel layers, path j then sees exactly its own embedding): the
@@ -27,12 +32,14 @@ from ..llama import Llama
 from ..papaformer import Papaformer
 from ..registry import from_name
 
+COMBINER_INITS = ("mean", "normal")
 PRESETS = {"share_linear": "papaformer-share-linear", "gumbel_v1": "papaformer-gumbel-v1",
            "gumbel_v2": "papaformer-gumbel-v2"}
 
 
 def compose(paths: list[Llama], combiner: str, *, n_large_pre: int = 1, n_large_post: int = 1,
-            n_heads: int | None = None, shrink_from: int | None = None, seed: int = 0, **overrides) -> Papaformer:
+            n_heads: int | None = None, shrink_from: int | None = None, seed: int = 0,
+            combiner_init: str = "mean", **overrides) -> Papaformer:
     first = paths[0].config
     problems = [f"path {j}: {f}={getattr(p.config, f)} differs from path 0 ({getattr(first, f)})"
                 for j, p in enumerate(paths[1:], 1)
@@ -46,6 +53,8 @@ def compose(paths: list[Llama], combiner: str, *, n_large_pre: int = 1, n_large_
         problems.append(f"path ffn_hidden {first.hidden} is not a multiple of its width {first.d_model}")
     if combiner not in PRESETS:
         problems.append(f"combiner {combiner!r}: expected one of {', '.join(PRESETS)}")
+    if combiner_init not in COMBINER_INITS:
+        problems.append(f"combiner_init {combiner_init!r}: expected one of {', '.join(COMBINER_INITS)}")
     if problems:
         raise ValueError("cannot compose: " + "; ".join(problems))
     dp, k = first.d_model, len(paths)
@@ -66,9 +75,10 @@ def compose(paths: list[Llama], combiner: str, *, n_large_pre: int = 1, n_large_
                 layer.combine.weight.copy_(torch.eye(k * dp))  # (d, k*d'): [path 0 | path 1 | ...]
             elif combiner == "share_linear":
                 layer.combine.weight.copy_(torch.cat([eye] * k, dim=1))  # sum of the paths
-            else:
+            elif combiner_init == "mean":
                 layer.combine.weight.copy_(torch.cat([eye / k] * k, dim=1))  # mean of the paths
                 layer.combine.bias.zero_()
+            # Gumbel, combiner_init "normal": the model's own N(0, 0.02) init stays
         if shrink_from is not None:
             sel = torch.zeros(dp, k * dp)
             sel[:, shrink_from * dp:(shrink_from + 1) * dp] = torch.eye(dp)

@@ -100,6 +100,12 @@ def iter_text(domains: Mapping[str, float] | str, seed: int, split: str = "train
 
     Each domain keeps its own stream, so a domain's documents do not depend on the weights.
     """
+    return (text for _, text in iter_labelled_text(domains, seed, split))
+
+
+def iter_labelled_text(domains: Mapping[str, float] | str, seed: int,
+                       split: str = "train") -> Iterator[tuple[str, str]]:
+    """(domain, document + EOT) pairs of the `iter_text` stream (the same documents, same order)."""
     weights = {domains: 1.0} if isinstance(domains, str) else dict(domains)
     if not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
         raise ValueError(f"weights must be non-negative and not all zero, got {weights}")
@@ -109,4 +115,4 @@ def iter_text(domains: Mapping[str, float] | str, seed: int, split: str = "train
     probs = [weights[name] for name in names]
     while True:
         name = rng.choices(names, weights=probs)[0]
-        yield next(streams[name]) + EOT
+        yield name, next(streams[name]) + EOT

@@ -1,12 +1,29 @@
 """Training loop: AdamW (0.9, 0.95, wd 0.1), cosine schedule with warm-up, clipping at 1.0, the
 family's auxiliary routing losses, per-domain validation, resumable, seeded.
 
+Routing recipes (plain data in TrainConfig; checkpoints/experiments/gumbel-routing.md measures them):
+- `freeze` + `freeze_steps`: parameters whose names match any of the fnmatch patterns (e.g.
+  "parallel.*.paths.*") get no updates for the first freeze_steps steps: a router warm-up on frozen
+  pre-trained paths, so routers learn which path serves a token before the paths adapt to the routes.
+- `tau_start` / `tau_end`: the Gumbel-softmax temperature annealed geometrically from tau_start
+  (step 0) to tau_end (last step), passed to each training call (`forward(gumbel_tau=...)`); None
+  keeps the model's gumbel_tau.
+- `domain_routes` + `domain_route_steps`: for the first domain_route_steps steps every token takes, in
+  every parallel layer, the option its document's domain maps to (e.g. {"story": 0, "math": 1}: each
+  domain through the path pre-trained on it, as the paths were trained), via
+  `forward(route_targets=...)` (Gumbel: the token's route; Share-Linear: only that path's output is
+  kept); afterwards the routers choose freely. With the paths frozen over the
+  same steps this trains the new connections of a composed PaPaformer around the domain experts
+  before routing is learned (DEMix-style domain routing as a warm-up; the router itself is never
+  given the labels as a target).
+
 The data stream is the seeded corpus generator tokenised on the fly and packed into rows of
 seq_len + 1 tokens. Resume state (model, optimiser moments, step, stream position) is kept in
 safetensors + JSON under `<out>.train_state/`; nothing is pickled.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import math
@@ -47,14 +64,62 @@ class TrainConfig:
     seed: int = 0
     init_from: str | None = None  # checkpoint directory with the starting weights (compose output)
     max_minutes: float = 0.0  # > 0: stop early (at a step boundary) after this wall time
+    freeze: tuple[str, ...] = ()  # fnmatch patterns of parameter names frozen for the first freeze_steps
+    freeze_steps: int = 0
+    tau_start: float | None = None  # Gumbel temperature annealed tau_start -> tau_end (None: the model's)
+    tau_end: float | None = None
+    domain_routes: dict[str, int] = field(default_factory=dict)  # domain -> routing option while warming up
+    domain_route_steps: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "freeze", tuple(self.freeze))
+        if self.domain_route_steps < 0 or (self.domain_route_steps > 0) != bool(self.domain_routes):
+            raise ValueError(f"TrainConfig.domain_route_steps = {self.domain_route_steps} with domain_routes = "
+                             f"{self.domain_routes}: give both (a mapping and a step count > 0) or neither")
+        bad = {d: o for d, o in self.domain_routes.items()
+               if d not in self.data or not isinstance(o, int) or isinstance(o, bool) or o < 0}
+        if bad:
+            raise ValueError(f"TrainConfig.domain_routes = {self.domain_routes}: {bad} are not domains of the data "
+                             f"({', '.join(self.data)}) mapped to options >= 0")
         for f in ("steps", "batch_size", "seq_len", "eval_every", "eval_docs"):
             if getattr(self, f) <= 0:
                 raise ValueError(f"TrainConfig.{f} = {getattr(self, f)}: must be > 0")
+        if self.freeze_steps < 0 or (self.freeze_steps > 0) != bool(self.freeze):
+            raise ValueError(f"TrainConfig.freeze_steps = {self.freeze_steps} with freeze = {list(self.freeze)}: "
+                             "give both (patterns and a step count > 0) or neither")
+        if (self.tau_start is None) != (self.tau_end is None):
+            raise ValueError(f"TrainConfig.tau_start = {self.tau_start}, tau_end = {self.tau_end}: give both or neither")
+        for f in ("tau_start", "tau_end"):
+            v = getattr(self, f)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"TrainConfig.{f} = {v}: must be a finite number > 0")
         unknown = set(self.data) - set(corpus.DOMAINS)
         if unknown or not self.data:
             raise ValueError(f"TrainConfig.data = {self.data}: domains must be among {corpus.DOMAINS}")
+
+
+def tau_at(step: int, c: TrainConfig) -> float | None:
+    """Gumbel temperature of a training step: geometric from tau_start (step 0) to tau_end (last step)."""
+    if c.tau_start is None:
+        return None
+    frac = min(1.0, step / max(1, c.steps - 1))
+    return c.tau_start * (c.tau_end / c.tau_start) ** frac
+
+
+def frozen_parameters(model: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
+    """Names of the parameters matching any fnmatch pattern; ValueError for a pattern matching none."""
+    names = [n for n, _ in model.named_parameters()]
+    unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
+    if unmatched:
+        raise ValueError(f"TrainConfig.freeze: pattern(s) {', '.join(map(repr, unmatched))} match no parameter "
+                         f"(names look like {names[0]!r}, {names[-1]!r})")
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def _set_frozen(model: torch.nn.Module, names: list[str], frozen: bool) -> None:
+    params = dict(model.named_parameters())
+    for n in names:
+        params[n].requires_grad_(not frozen)  # no grad -> AdamW skips it (no update, no decay)
 
 
 def lr_at(step: int, c: TrainConfig) -> float:
@@ -65,23 +130,42 @@ def lr_at(step: int, c: TrainConfig) -> float:
 
 
 class TokenStream:
-    """Packs the tokenised document stream into (batch, seq_len + 1) rows; resumable by position."""
+    """Packs the tokenised document stream into (batch, seq_len + 1) rows; resumable by position.
+    `domains` holds, for the last batch, the index (in corpus.DOMAINS) of each token's document."""
 
-    def __init__(self, tokenizer, c: TrainConfig, docs_done: int = 0, leftover: list[int] | None = None) -> None:
+    def __init__(self, tokenizer, c: TrainConfig, docs_done: int = 0, leftover: list[int] | None = None,
+                 leftover_domains: list[int] | None = None) -> None:
         self.tok, self.c = tokenizer, c
-        self.docs = corpus.iter_text(c.data, c.seed, "train")
+        self.docs = corpus.iter_labelled_text(c.data, c.seed, "train")
         for _ in range(docs_done):  # replay the generator (cheap: no tokenising)
             next(self.docs)
         self.docs_done = docs_done
         self.buffer = list(leftover or [])
+        self.buffer_domains = list(leftover_domains or [])
+        if len(self.buffer_domains) != len(self.buffer):  # a resume state from before domains were kept
+            self.buffer_domains = [-1] * len(self.buffer)
+        self.domains: torch.Tensor | None = None
 
     def batch(self) -> torch.Tensor:
         need = self.c.batch_size * (self.c.seq_len + 1)
         while len(self.buffer) < need:
-            self.buffer.extend(self.tok.encode(next(self.docs)).ids)
+            domain, text = next(self.docs)
+            ids = self.tok.encode(text).ids
+            self.buffer.extend(ids)
+            self.buffer_domains.extend([corpus.DOMAINS.index(domain)] * len(ids))
             self.docs_done += 1
         rows, self.buffer = self.buffer[:need], self.buffer[need:]
+        doms, self.buffer_domains = self.buffer_domains[:need], self.buffer_domains[need:]
+        self.domains = torch.tensor(doms).view(self.c.batch_size, self.c.seq_len + 1)
         return torch.tensor(rows).view(self.c.batch_size, self.c.seq_len + 1)
+
+
+def domain_route_targets(domains: torch.Tensor, c: TrainConfig) -> torch.Tensor:
+    """(B, T) domain indices (corpus.DOMAINS, -1 unknown) -> (B, T) option of each token (-1: free)."""
+    table = torch.full((len(corpus.DOMAINS) + 1,), -1, dtype=torch.long)  # last entry: unknown domain
+    for d, option in c.domain_routes.items():
+        table[corpus.DOMAINS.index(d)] = option
+    return table[domains]
 
 
 def validation_batches(tokenizer, domain: str, c: TrainConfig) -> torch.Tensor:
@@ -168,7 +252,8 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
     if resume and (state_dir / "state.json").is_file():
         meta = _load_state(state_dir, model, opt)
         log.info("resumed from step %d", meta["step"])
-    stream = TokenStream(tokenizer, c, meta["docs_done"], meta["leftover"])
+    frozen = frozen_parameters(model, c.freeze) if c.freeze else []
+    stream = TokenStream(tokenizer, c, meta["docs_done"], meta["leftover"], meta.get("leftover_domains"))
     val = {d: validation_batches(tokenizer, d, c) for d in corpus.DOMAINS}
     gen = torch.Generator().manual_seed(c.seed + meta["step"])
     bar = tqdm(total=c.steps, initial=meta["step"], disable=not progress, dynamic_ncols=True)
@@ -178,7 +263,10 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
         rows = stream.batch()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, c)
-        res = model(rows[:, :-1], generator=gen)
+        if frozen and step in (meta["step"], c.freeze_steps):
+            _set_frozen(model, frozen, step < c.freeze_steps)
+        targets = domain_route_targets(stream.domains[:, :-1], c) if step < c.domain_route_steps else None
+        res = model(rows[:, :-1], generator=gen, gumbel_tau=tau_at(step, c), route_targets=targets)
         loss = F.cross_entropy(res.logits.flatten(0, 1), rows[:, 1:].flatten())
         total = loss + (res.aux_loss if res.aux_loss is not None else 0.0)
         opt.zero_grad(set_to_none=True)
@@ -197,11 +285,13 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
             meta["history"].append({"step": step, "train_loss": loss.item(), **aux,
                                     **{f"val_{k}": v for k, v in losses.items()}})
             log.info("step %d val %s", step, losses)
-            meta.update(step=step, docs_done=stream.docs_done, leftover=stream.buffer, elapsed=elapsed)
+            meta.update(step=step, docs_done=stream.docs_done, leftover=stream.buffer,
+                        leftover_domains=stream.buffer_domains, elapsed=elapsed)
             _save_state(state_dir, model, opt, meta)
         if last:
             break
     bar.close()
+    _set_frozen(model, frozen, False)
     final = evaluate(model, val)
     summary = {"preset": c.preset, "steps": step, "tokens": meta["tokens"], "wall_seconds": round(meta["elapsed"], 1),
                "val_loss": final, "val_ppl": {d: math.exp(v) for d, v in final.items()},
@@ -212,6 +302,19 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
     (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     shutil.rmtree(state_dir, ignore_errors=True)
     return summary
+
+
+def _recipe_lines(t: dict[str, Any]) -> str:
+    lines = []
+    if t.get("freeze"):
+        lines.append(f"- router warm-up: {', '.join(t['freeze'])} frozen for the first {t['freeze_steps']} steps\n")
+    if t.get("domain_route_steps"):
+        routes = ", ".join(f"{d} -> option {o}" for d, o in t["domain_routes"].items())
+        lines.append(f"- domain-route warm-up: for the first {t['domain_route_steps']} steps every token takes its "
+                     f"document's domain route ({routes}) in every parallel layer\n")
+    if t.get("tau_start") is not None:
+        lines.append(f"- Gumbel temperature annealed {t['tau_start']} -> {t['tau_end']} (geometric over the steps)\n")
+    return "".join(lines)
 
 
 def model_card(name: str, s: dict[str, Any]) -> str:
@@ -228,7 +331,7 @@ RouteScope checkpoint, preset `{s['preset']}`{' (initialised from ' + t['init_fr
 - wall time: {s['wall_seconds']:.0f} s on {os.cpu_count()} CPU cores (torch {torch.__version__})
 - parameters: {s['params_total']:,} total, {s['params_active']:,} active per token
 - optimiser: AdamW (0.9, 0.95), weight decay {t['weight_decay']}, lr {t['lr']} -> {t['min_lr']} cosine, warm-up {t['warmup']}, clip {t['grad_clip']}
-
+{_recipe_lines(t)}
 ## Validation (fixed split, {t['eval_docs']} documents per domain)
 
 | domain | loss | perplexity |
