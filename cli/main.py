@@ -8,7 +8,8 @@ import sys
 from . import options as O
 
 # one module per command, in the order `routescope --help` lists them; each has add(sub) and run(args)
-COMMANDS = ("generate", "tokenizer", "train", "compose", "app", "import_", "export", "routes", "attribute")
+COMMANDS = ("generate", "tokenizer", "train", "compose", "app", "import_", "export", "routes", "attribute",
+            "report")
 
 
 def build_parser() -> O.Parser:
