@@ -2,10 +2,19 @@
 
 Safetensors only; nothing is ever unpickled. Writes go to a temporary sibling directory that is
 renamed into place, so a failed save never leaves a half-written checkpoint.
+
+Loading refuses a bad checkpoint before it costs memory: the config is checked field by field
+(context is bounded there) and the tokenizer against its vocab_size; the parameter count the config
+implies (closed form) is compared with the number of values in the file; then the model is built with
+its parameters on the meta device and compared tensor by tensor with the safetensors header (names,
+shapes, storage dtypes; no tensor data read). Only then are the parameters allocated and filled, each
+tensor checked for NaN/Inf.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -14,16 +23,36 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_model
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .base import RouteScopeLM
-from .config import ConfigError
-from .registry import build_model, config_from_dict
+from .config import BaseConfig, ConfigError, json_kind
+from .registry import build_model, config_from_dict, param_count
 
 CONFIG, WEIGHTS, TOKENIZER, CARD = "config.json", "model.safetensors", "tokenizer.json", "README.md"
+
+FLOAT_STORAGE = ("F16", "BF16", "F32")  # safetensors dtypes a floating tensor may be stored in
+DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
+               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+               torch.bool: "BOOL"}  # torch dtype -> safetensors' name
+MAX_CONFIG_BYTES = 2**20  # a config is a few hundred bytes
+SHOWN_PROBLEMS = 6  # the message lists this many; CheckpointError.problems has them all
+
+Header = dict[str, tuple[tuple[int, ...], str]]  # tensor name -> (shape, safetensors dtype name)
 
 
 class CheckpointError(ValueError):
     """A checkpoint directory is incomplete or does not match its config; the message lists what."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(" ".join(message.split("\n")))  # always one line: shown as-is by the CLI and app
+        self.problems = problems or []
+
+
+def _listing(problems: list[str]) -> str:
+    more = len(problems) - SHOWN_PROBLEMS
+    return "; ".join(problems[:SHOWN_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
 
 
 def save_checkpoint(model: RouteScopeLM, path: str | os.PathLike, *, tokenizer=None, card: str | None = None,
@@ -36,8 +65,9 @@ def save_checkpoint(model: RouteScopeLM, path: str | os.PathLike, *, tokenizer=N
     tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
     try:
         (tmp / CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-        # a copy in the storage dtype; save_model drops the duplicate names of tied weights
-        clone = build_model(model.config)
+        # a copy in the storage dtype (every tensor is overwritten: no init); save_model drops the
+        # duplicate names of tied weights
+        clone = build_model(model.config, init=False)
         clone.load_state_dict(model.state_dict())
         save_model(clone.to(dtype), str(tmp / WEIGHTS), metadata={"family": model.config.family})
         if tokenizer is not None:
@@ -54,46 +84,147 @@ def save_checkpoint(model: RouteScopeLM, path: str | os.PathLike, *, tokenizer=N
 
 
 def read_config(path: str | os.PathLike) -> dict:
+    """The JSON object in `path`/config.json (not yet validated as a config)."""
     f = Path(path) / CONFIG
     if not f.is_file():
         raise CheckpointError(f"{path}: no {CONFIG}")
+    if f.stat().st_size > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{f}: {f.stat().st_size:,} bytes is too large for a config")
     try:
-        return json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        d = json.loads(f.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{f}: expected a JSON object of config fields, got {json_kind(d)}")
+    return d
 
 
-def check_tensors(model: RouteScopeLM, weights: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """Compare the file's tensor names and shapes with the model's; raise listing every problem."""
-    state = model.state_dict()
-    expected = {k: tuple(v.shape) for k, v in state.items()}
-    # names that alias another parameter (tied weights) may be absent from the file
-    ptr_names: dict[int, list[str]] = {}
-    for k, v in state.items():
-        ptr_names.setdefault(v.data_ptr(), []).append(k)
+def read_model_config(path: str | os.PathLike) -> BaseConfig:
+    """The validated config of checkpoint directory `path`; errors name config.json and the field."""
+    try:
+        return config_from_dict(read_config(path))
+    except ConfigError as e:
+        raise CheckpointError(f"{Path(path) / CONFIG}: {e}") from None
+
+
+def read_header(weights: str | os.PathLike) -> Header:
+    """Every tensor's name, shape and dtype from the safetensors header; no tensor data is read."""
     try:
         with safe_open(str(weights), framework="pt") as f:
-            found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            return {k: (tuple(s.get_shape()), s.get_dtype()) for k in f.keys() for s in (f.get_slice(k),)}
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise CheckpointError(f"{weights}: not a readable safetensors file ({e})") from None
+
+
+def _oversized_fields(config: BaseConfig, header: Header) -> list[str]:
+    """Integer config fields larger than every tensor dimension in the file: the likely culprits."""
+    largest = max((d for shape, _ in header.values() for d in shape), default=0)
+    return [f"{f.name} = {v}" for f in dataclasses.fields(config)
+            if type(v := getattr(config, f.name)) is int and v > largest]
+
+
+def check_size(config: BaseConfig, header: Header, config_file: str | os.PathLike, weights: str | os.PathLike) -> None:
+    """The closed-form parameter count of the config against the number of values in the file: a
+    config that inflates d_model, n_layers or vocab_size is refused before a module is built. Within
+    2x the model is built (parameters on meta, so at most 2x the file for parameters a family makes
+    otherwise) and compared tensor by tensor, which names each difference."""
+    need = param_count(config)
+    have = sum(math.prod(shape) for shape, _ in header.values())
+    if need > 2 * have:
+        fields = _oversized_fields(config, header)
+        culprit = f"{', '.join(fields)} {'is' if len(fields) == 1 else 'are'} larger than any tensor dimension in " \
+                  f"{Path(weights).name}; " if fields else ""
+        raise CheckpointError(f"{config_file}: {culprit}the config describes {need:,} parameters but {weights} "
+                              f"holds {have:,} values")
+
+
+class _ParametersOnMeta(TorchFunctionMode):
+    """torch.empty without a device (how every torch.nn layer allocates its parameters) gives a meta
+    tensor: shapes without memory. Other factories run on the CPU, so the tables a model computes in
+    __init__ (RoPE/SRPE; bounded through the config's context) are exact: a model built wholly on the
+    meta device would compute them with torch's Python meta kernels, which cost seconds to import in
+    every process. Thread-local, like every torch function mode."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.empty and kwargs.get("device") is None:
+            kwargs = {**kwargs, "device": "meta"}
+        return func(*args, **kwargs)
+
+
+def shape_model(config: BaseConfig) -> RouteScopeLM:
+    """The model with (at least) its torch.nn parameters on the meta device and no initialisation."""
+    with _ParametersOnMeta():
+        return build_model(config, init=False)
+
+
+def materialise(model: RouteScopeLM) -> RouteScopeLM:
+    """Give every meta parameter uninitialised CPU memory, keeping tied parameters tied."""
+    if any(b.is_meta for b in model.buffers()):  # a family allocated a buffer with torch.empty
+        return build_model(model.config, init=False)
+    real: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.is_meta:
+                if id(p) not in real:
+                    # torch.empty from a shape: empty_like(meta) would import torch's Python meta kernels
+                    real[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad)
+                setattr(module, name, real[id(p)])
+    return model
+
+
+def storage_dtypes(t: torch.Tensor) -> tuple[str, ...]:
+    """The safetensors dtypes `t` may be loaded from: any float storage for a float (checkpoints are
+    saved in float16), the exact dtype otherwise; an int32 file tensor is never cast to a weight."""
+    return FLOAT_STORAGE if t.is_floating_point() else (DTYPE_NAMES.get(t.dtype, str(t.dtype)),)
+
+
+def check_tensors(model: RouteScopeLM, weights: str | os.PathLike, header: Header | None = None) -> Header:
+    """Compare the file's tensor names, shapes and storage dtypes with the model's (which may live on
+    the meta device); raise listing every problem. Returns the header."""
+    header = read_header(weights) if header is None else header
+    state = model.state_dict(keep_vars=True)  # keep_vars: tied weights are one Parameter object
+    aliases: dict[int, list[str]] = {}
+    for k, v in state.items():
+        aliases.setdefault(id(v), []).append(k)
     problems = []
-    for k in sorted(set(expected) - set(found)):
-        if not any(a in found for a in ptr_names[state[k].data_ptr()]):
-            problems.append(f"missing tensor {k} {list(expected[k])}")
-    problems += [f"unexpected tensor {k} {list(found[k])}" for k in sorted(set(found) - set(expected))]
-    problems += [f"tensor {k} has shape {list(found[k])}, expected {list(expected[k])}"
-                 for k in sorted(set(found) & set(expected)) if found[k] != expected[k]]
+    # names that alias another parameter (tied weights) may be absent from the file
+    for k in sorted(set(state) - set(header)):
+        if not any(a in header for a in aliases[id(state[k])]):
+            problems.append(f"missing tensor {k} {list(state[k].shape)}")
+    problems += [f"unexpected tensor {k} {list(header[k][0])}" for k in sorted(set(header) - set(state))]
+    for k in sorted(set(header) & set(state)):
+        (shape, stored), want = header[k], state[k]
+        if shape != tuple(want.shape):
+            problems.append(f"tensor {k} has shape {list(shape)}, expected {list(want.shape)}")
+        allowed = storage_dtypes(want)
+        if stored not in allowed:
+            problems.append(f"tensor {k} is stored as {stored}, expected {' or '.join(allowed)}")
     if problems:
-        raise CheckpointError(f"{weights} does not match its config: " + "; ".join(problems))
-    return found
+        raise CheckpointError(f"{weights} does not match its config: {_listing(problems)}", problems)
+    return header
+
+
+def _fill(model: RouteScopeLM, weights: str | os.PathLike, header: Header) -> None:
+    """Copy every tensor of the (checked) file into the model, refusing NaN/Inf values."""
+    state = model.state_dict()
+    with torch.no_grad(), safe_open(str(weights), framework="pt") as f:
+        for k in header:
+            source = f.get_tensor(k)
+            target = state[k].copy_(source)  # casts to the model's dtype
+            if target.is_floating_point() and not bool(torch.isfinite(target).all()):
+                bad = ~torch.isfinite(source.float())
+                if bad.any():
+                    first = [int(i) for i in bad.nonzero()[0]]
+                    raise CheckpointError(f"{weights}: tensor {k} holds {int(bad.sum()):,} NaN/Inf value(s), "
+                                          f"the first at index {first}")
+                raise CheckpointError(f"{weights}: tensor {k} overflows {str(target.dtype).removeprefix('torch.')} "
+                                      f"(largest magnitude {float(source.float().abs().max()):.4g})")
 
 
 def load_weights(model: RouteScopeLM, weights: str | os.PathLike) -> None:
-    found = check_tensors(model, weights)
-    state = model.state_dict()
-    with torch.no_grad(), safe_open(str(weights), framework="pt") as f:
-        for k in found:
-            state[k].copy_(f.get_tensor(k).to(state[k].dtype))
+    """Fill `model` from a safetensors file after checking names, shapes, dtypes; refuses NaN/Inf."""
+    _fill(model, weights, check_tensors(model, weights))
 
 
 def load_tokenizer_file(path: str | os.PathLike):
@@ -104,21 +235,35 @@ def load_tokenizer_file(path: str | os.PathLike):
         raise CheckpointError(f"{path}: not a valid HF tokenizers file ({e})") from None
 
 
+def tokenizer_mismatch(tokenizer, vocab_size: int) -> str | None:
+    """Why `tokenizer` cannot serve a model of `vocab_size` ids, or None. Both directions break: with
+    fewer tokens the ids past the tokenizer decode to nothing (the model can and does emit them),
+    with more the tokenizer emits ids past the embedding table."""
+    n = tokenizer.get_vocab_size()
+    if n < vocab_size:
+        return (f"{n} tokens but vocab_size = {vocab_size}: ids {n}..{vocab_size - 1} would decode to nothing "
+                "(add reserved tokens to the tokenizer or lower vocab_size)")
+    if n > vocab_size:
+        return f"{n} tokens but vocab_size = {vocab_size}: ids {vocab_size}..{n - 1} are past the embedding table"
+    return None
+
+
 def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32):
-    """Return (model in eval mode, tokenizer or None)."""
+    """Return (model in eval mode, tokenizer or None). Every check runs before the model takes memory."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
-    try:
-        config = config_from_dict(read_config(path))
-    except ConfigError as e:
-        raise CheckpointError(f"{path / CONFIG}: {e}") from None
-    if not (path / WEIGHTS).is_file():
+    config = read_model_config(path)
+    weights = path / WEIGHTS
+    if not weights.is_file():
         raise CheckpointError(f"{path}: no {WEIGHTS}")
-    model = build_model(config).to(dtype)
-    load_weights(model, path / WEIGHTS)
     tok = load_tokenizer_file(path / TOKENIZER) if (path / TOKENIZER).is_file() else None
-    if tok is not None and tok.get_vocab_size() > config.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tok.get_vocab_size()} tokens but the model's "
-                              f"vocab_size is {config.vocab_size}")
+    if tok is not None and (problem := tokenizer_mismatch(tok, config.vocab_size)):
+        raise CheckpointError(f"{path / TOKENIZER}: {problem} in {path / CONFIG}")
+    header = read_header(weights)
+    check_size(config, header, path / CONFIG, weights)
+    model = shape_model(config)
+    check_tensors(model, weights, header)
+    model = materialise(model).to(dtype)
+    _fill(model, weights, header)
     return model.eval(), tok
