@@ -232,8 +232,10 @@ def plan(source: str, config: BaseConfig, rule_for: Callable[..., Rule], header:
     and, before any module is built, that the config's size fits the number of reference values."""
     try:
         check_size(config, header, config_where, weights_where)
-    except CheckpointError as e:
-        raise ImportError_(str(e)) from None
+    except CheckpointError as e:  # name the reference arguments beside RouteScope's fields
+        fields = PGPT_FIELDS if source == "pgpt" else PAPAFORMER_FIELDS
+        raise ImportError_(re.sub(r"\b(\w+) = (\d+)", lambda m: f"{m[0]} (from {fields[m[1]]})" if m[1] in fields
+                                  else m[0], str(e), count=4)) from None
     model = shape_model(config)
     target = model.state_dict(keep_vars=True)
     rules = {k: rule_for(k, tuple(v.shape), config) for k, v in target.items()}

@@ -342,7 +342,7 @@ def test_import_config_field_of_the_wrong_type_is_refused(tmp_path, capsys, fiel
     import_refused(tmp_path, capsys, weights, config, str(config), f"gpt_config.{field} = {value!r}")
 
 
-@pytest.mark.parametrize("field, value, needle", [("n_embd", 65536, "d_model = 65536"),
+@pytest.mark.parametrize("field, value, needle", [("n_embd", 65536, "d_model = 65536 (from gpt_config.n_embd)"),
                                                   ("vocab_size", 2**40, "vocab_size = 1099511627776"),
                                                   ("block_size", 2**31, "gpt_config.block_size")])
 def test_import_of_huge_hyper_parameters_is_refused_before_building(tmp_path, capsys, field, value, needle):
@@ -381,3 +381,35 @@ def test_good_import_loads_with_the_reference_weights(tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(v, ref[pgpt_rule(k, tuple(v.shape), model.config).sources[0]]), k
     assert tok.get_vocab_size() == model.vocab_size
+
+
+def test_loading_in_one_thread_leaves_model_building_in_another_untouched():
+    """The load path's torch function modes (parameters on meta, init skipped) are thread-local: the
+    app loads a checkpoint for one session while another builds or runs models."""
+    import threading
+
+    from core_models.checkpoint import _ParametersOnMeta
+    from core_models.registry import _SkipParameterInit
+
+    config = tiny_model("llama").config
+    entered, release = threading.Event(), threading.Event()
+
+    def loading():
+        with _SkipParameterInit(), _ParametersOnMeta():
+            entered.set()
+            release.wait(60)
+
+    t = threading.Thread(target=loading)
+    t.start()
+    try:
+        entered.wait(60)
+        torch.manual_seed(0)
+        during = build_model(config)
+    finally:
+        release.set()
+        t.join()
+    torch.manual_seed(0)
+    after = build_model(config)
+    assert not any(p.is_meta for p in during.parameters())
+    for (k, a), b in zip(during.state_dict().items(), after.state_dict().values()):
+        assert torch.equal(a, b), k
