@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from core_models.devices import model_device
 from core_models.runtime import Ablation
 
 from . import columns as C
@@ -168,14 +169,15 @@ class TokenAttribution:
             raise ValueError(f"baseline = {baseline!r}: expected one of {', '.join(BASELINES)}")
         if n_steps < 1:
             raise ValueError(f"n_steps = {n_steps}: must be >= 1")
-        ids = _ids(input_ids)
+        device = model_device(self.model)
+        ids = _ids(input_ids).to(device)
         p = _position(ids, target_position)
         ids = ids[:, : p + 1]  # later tokens cannot affect position p (causal)
         token = _target_token(self.model, ids, p, target_token)
         inner = self.model.get_submodule(self.embed_path)
         with torch.no_grad():
             base_vec = inner.weight[self.pad_id].detach().clone() if baseline == "pad" \
-                else torch.zeros(inner.embedding_dim, dtype=inner.weight.dtype)
+                else torch.zeros(inner.embedding_dim, dtype=inner.weight.dtype, device=device)
         stand_in = _BlendedEmbedding(inner, base_vec)
         replica = replica_with(self.model, self.embed_path, stand_in)
 
@@ -187,7 +189,7 @@ class TokenAttribution:
                 stand_in.scale = None
 
         lig = LayerIntegratedGradients(forward, stand_in)
-        one, zero = torch.ones(1, 1), torch.zeros(1, 1)
+        one, zero = torch.ones(1, 1, device=device), torch.zeros(1, 1, device=device)
         with torch.enable_grad():
             attr, delta = lig.attribute((ids, one), baselines=(ids, zero), n_steps=n_steps, method=method,
                                         internal_batch_size=internal_batch_size, return_convergence_delta=True)
@@ -195,7 +197,7 @@ class TokenAttribution:
             f_in, f_base = float(forward(ids, one)), float(forward(ids, zero))
         return TokenAttributionResult(
             input_ids=ids[0].tolist(), target_position=p, target_token=token,
-            attributions=attr.detach()[0].sum(-1).float(), convergence_delta=float(delta.reshape(-1)[0]),
+            attributions=attr.detach()[0].sum(-1).float().cpu(), convergence_delta=float(delta.reshape(-1)[0]),
             target_log_prob=f_in, baseline_log_prob=f_base, baseline=baseline, n_steps=n_steps)
 
 
@@ -257,7 +259,7 @@ class PathAttribution:
 
         if method not in METHODS:
             raise ValueError(f"method = {method!r}: expected one of {', '.join(METHODS)}")
-        ids = _ids(input_ids)
+        ids = _ids(input_ids).to(model_device(self.model))
         p = _position(ids, target_position)
         ids = ids[:, : p + 1]
         token = _target_token(self.model, ids, p, target_token)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from core_models.devices import model_device
 from core_models.runtime import Ablation
 
 from . import columns as C
@@ -31,9 +32,10 @@ def ablation_effects(model: Any, input_ids: Any, ablation: Ablation, *, routing:
     under both models. `input_ids`: (T,) or (B, T) token ids."""
     ids = _ids(input_ids)
 
-    def logp(ab: Ablation | None) -> torch.Tensor:
+    def logp(ab: Ablation | None) -> torch.Tensor:  # (B, T, V) on the CPU, wherever the model runs
         gen = torch.Generator().manual_seed(seed)
-        return torch.log_softmax(model(ids, ablation=ab, routing=routing, generator=gen).logits.float(), -1)
+        out = model(ids.to(model_device(model)), ablation=ab, routing=routing, generator=gen)
+        return torch.log_softmax(out.logits.float(), -1).cpu()
 
     base, abl = logp(None), logp(ablation)  # (B, T, V)
     kl = (base.exp() * (base - abl)).sum(-1)  # (B, T)

@@ -29,13 +29,16 @@ such a table back, text restored exactly.
 
 `ExportWriter` appends batches to a CSV and/or a Parquet file (`pyarrow.parquet.ParquetWriter`)
 so memory stays flat; it writes to a temporary file beside the target and renames it into place
-only when closed without error, so a failed export leaves no half-written file.
+only when closed without error, so a failed export leaves no half-written file. Parquet files
+carry the export's provenance when given (JSON under the key-value metadata key
+`routescope.provenance`: checkpoint, weights hash, dtype, settings; `read_provenance`).
 """
 from __future__ import annotations
 
 import contextlib
 import csv
 import io
+import json
 import math
 import os
 import re
@@ -58,6 +61,7 @@ _UNSHORT = {v[1]: k for k, v in _SHORT.items()}
 _NEEDS_ESCAPE = re.compile("[\\\\\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _ESCAPED = re.compile(r"\\(u[0-9a-fA-F]{4}|.)", re.DOTALL)
 
+PROVENANCE_KEY = b"routescope.provenance"  # Parquet key-value metadata: how the file was made (JSON)
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -167,13 +171,17 @@ def _read_records(f: TextIO, where: Any, kinds: dict[str, str] | None,
 
 # --- streaming writer ------------------------------------------------------------------------
 
+def _provenance_json(provenance: dict) -> bytes:
+    return json.dumps(provenance, sort_keys=True, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
 def arrow_schema() -> pa.Schema:
     """The Parquet schema of the export table (with pandas metadata for the nullable dtypes)."""
     return pa.Table.from_pandas(empty_table(), preserve_index=False).schema
 
 
 class _CsvSink:
-    def __init__(self, path: Path, schema: dict[str, str]) -> None:
+    def __init__(self, path: Path, schema: dict[str, str], provenance: dict | None = None) -> None:
         self.schema = schema
         self.f = open(path, "w", encoding="utf-8", newline="")
         self.w = CsvWriter(self.f, {c: csv_kind(t) for c, t in schema.items()})
@@ -186,8 +194,10 @@ class _CsvSink:
 
 
 class _ParquetSink:
-    def __init__(self, path: Path, schema: dict[str, str]) -> None:
+    def __init__(self, path: Path, schema: dict[str, str], provenance: dict | None = None) -> None:
         self.schema = arrow_schema()
+        if provenance is not None:
+            self.schema = self.schema.with_metadata({**self.schema.metadata, PROVENANCE_KEY: _provenance_json(provenance)})
         self.w = pq.ParquetWriter(str(path), self.schema)
 
     def write(self, df: pd.DataFrame) -> None:
@@ -254,7 +264,7 @@ class ExportWriter:
                 w.write(df)
     """
 
-    def __init__(self, *paths: str | os.PathLike) -> None:
+    def __init__(self, *paths: str | os.PathLike, provenance: dict | None = None) -> None:
         if not paths:
             raise ValueError("ExportWriter needs at least one output path")
         self.schema = C.EXPORT_SCHEMA
@@ -269,7 +279,7 @@ class ExportWriter:
                 with _naming(p):
                     tmp = _new_file_beside(p)
                     try:
-                        sink = sink_class(tmp, self.schema)
+                        sink = sink_class(tmp, self.schema, provenance)
                     except BaseException:
                         tmp.unlink(missing_ok=True)
                         raise
@@ -369,6 +379,12 @@ def read_csv(path: str | os.PathLike) -> pd.DataFrame:
 
 def read_parquet(path: str | os.PathLike) -> pd.DataFrame:
     return conform(pq.read_table(str(path)).to_pandas())
+
+
+def read_provenance(path: str | os.PathLike) -> dict | None:
+    """The provenance a Parquet export file records (`ExportWriter(provenance=...)`), or None."""
+    raw = (pq.read_schema(str(path)).metadata or {}).get(PROVENANCE_KEY)
+    return None if raw is None else json.loads(raw)
 
 
 def read_table(path: str | os.PathLike) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from analysis.domain import probe_routes
 from analysis.effects import ablation_effects
 from analysis.session import RunSettings, run_prompt
 from core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint
+from core_models.devices import resolve_device
 from core_models.runtime import Ablation
 
 from .components.messages import without_dir
@@ -27,6 +28,13 @@ from .components.messages import without_dir
 torch.set_num_threads(int(os.environ.get("ROUTESCOPE_THREADS", "1")))
 
 MAX_UPLOAD_BYTES = int(float(os.environ.get("ROUTESCOPE_MAX_UPLOAD_MB", "100")) * 2**20)
+# where models run: `routescope app --device/--dtype` sets these for the Streamlit process
+ENV_DEVICE, ENV_DTYPE = "ROUTESCOPE_DEVICE", "ROUTESCOPE_DTYPE"
+
+
+def device_setting() -> tuple[str, str]:
+    """(device, dtype) the app loads models with: "auto" and "float32" unless the environment says."""
+    return os.environ.get(ENV_DEVICE, "auto"), os.environ.get(ENV_DTYPE, "float32")
 UPLOAD_FILES = (CONFIG, WEIGHTS, TOKENIZER)
 
 
@@ -38,9 +46,24 @@ def stamp(path: str) -> float:
         return 0.0
 
 
-@st.cache_resource(max_entries=24, show_spinner="Loading checkpoint…")
+def device_label() -> str:
+    """What the sidebar shows: the device models run on and their dtype ("cuda · bfloat16 (auto)")."""
+    device, dtype = device_setting()
+    try:
+        where = str(resolve_device(device))
+    except ValueError as e:
+        return str(e)
+    return f"{where} · {dtype}" + (" (auto)" if device == "auto" else "")
+
+
 def load(path: str, mtime: float):
-    return load_checkpoint(path)
+    """(model, tokenizer) of a checkpoint on the app's device, loaded once per process."""
+    return _load(path, mtime, *device_setting())
+
+
+@st.cache_resource(max_entries=24, show_spinner="Loading checkpoint…")
+def _load(path: str, mtime: float, device: str, dtype: str):
+    return load_checkpoint(path, device=device, dtype=dtype)
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)

@@ -13,6 +13,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--headless", action="store_true", help="do not open a browser")
     a.add_argument("--address", default=None, help="address to listen on (default: Streamlit's)")
     a.add_argument("--checkpoints", action="append", default=[], help="extra checkpoint root, repeatable")
+    O.add_device_options(a)
     a.set_defaults(func=run)
 
 
@@ -66,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the app package is not installed; run pip install -e . from the repository")
     main = os.path.join(list(spec.submodule_search_locations)[0], "main.py")
-    env = dict(os.environ)
+    from core_models.devices import resolve_device
+
+    resolve_device(args.device)  # an unavailable device stops here, in one line, not in the browser
+    env = dict(os.environ, ROUTESCOPE_DEVICE=args.device, ROUTESCOPE_DTYPE=args.dtype)  # read by app/resources.py
     if args.checkpoints:
         env[ENV_ROOTS] = os.pathsep.join([*args.checkpoints, *filter(None, [env.get(ENV_ROOTS)])])
     cmd = [sys.executable, "-m", "streamlit", "run", main, "--server.port", str(args.port),

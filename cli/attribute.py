@@ -30,6 +30,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                                          "across layers")
     a.add_argument("--seed", type=O.seed, default=0)
     a.add_argument("--json", action="store_true")
+    O.add_device_options(a)
     a.set_defaults(func=run)
 
 
@@ -48,7 +49,7 @@ def _target_id(tok: Any, args: argparse.Namespace) -> int | None:
 def run(args: argparse.Namespace) -> int:
     from analysis.attribution import TOKEN_METHODS, PathAttribution, TokenAttribution
 
-    model, tok = load_with_tokenizer(args.checkpoint)
+    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     ids = tok.encode(args.prompt).ids[-model.context:]
     if not ids:
         raise ValueError("--prompt encodes to no tokens")

@@ -5,31 +5,24 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
+
+from analysis.prompts import decode_text
 
 
-def load(path: str) -> tuple[Any, Any]:
-    """(model, tokenizer or None) of a checkpoint directory; errors name the file and field."""
+def load(path: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
+    """(model, tokenizer or None) of a checkpoint directory on `device` ("auto": CUDA, then MPS,
+    else CPU) in `dtype`; errors name the file and field, or the unavailable device."""
     from core_models.checkpoint import load_checkpoint
-    return load_checkpoint(path)
+    return load_checkpoint(path, device=device, dtype=dtype)
 
 
-def load_with_tokenizer(path: str) -> tuple[Any, Any]:
+def load_with_tokenizer(path: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
     """`load`, and a ValueError if the checkpoint has no tokenizer (text prompts need one)."""
-    model, tok = load(path)
+    model, tok = load(path, device, dtype)
     if tok is None:
         raise ValueError(f"{path}: no tokenizer.json; text prompts need a tokenizer")
     return model, tok
-
-
-class TokenText:
-    """Token id -> its decoded text, cached."""
-
-    def __init__(self, tok: Any) -> None:
-        self.tok, self.cache = tok, {}
-
-    def __call__(self, ids: Sequence[int]) -> list[str]:
-        return [self.cache.setdefault(i, self.tok.decode([i])) for i in ids]
 
 
 def read_text_file(path: str | Path, what: str) -> str:
@@ -45,12 +38,7 @@ def read_text_file(path: str | Path, what: str) -> str:
         raise ValueError(f"{path}: no such {what}") from None
     except OSError as e:
         raise ValueError(f"{path}: cannot read the {what} ({e.strerror})") from None
-    try:
-        return data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{path}: line {line} (byte offset {e.start}) is not UTF-8 text ({e.reason}); "
-                         f"save the {what} as UTF-8") from None
+    return decode_text(data, path, what)
 
 
 def finite_json(obj):

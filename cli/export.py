@@ -1,32 +1,32 @@
 """`routescope export`: routing records of prompts to CSV / Parquet (analysis.columns.EXPORT_SCHEMA).
 
 Prompts from --prompt (repeatable) or --prompts FILE (.txt: one prompt per non-blank line,
-prompt_id = its 1-based line number; .tsv: columns prompt_id and prompt, others ignored).
---shard i/n keeps the prompts whose 0-based index in that list satisfies index % n == i, so the
-shards 0/n .. n-1/n partition the prompts exactly. Prompts are processed --batch-size at a time:
-without generation, prompts of equal token length run as one batch and the rest alone; with
---max-new-tokens N > 0 each prompt is continued with `core_models.generate.generate` (greedy,
-KV cache) and its rows cover prompt and generated positions. Rows are streamed to the output
-file(s) (`analysis.export.ExportWriter`), which appear only when the export finished.
+prompt_id = its 1-based line number; .tsv: columns prompt_id and prompt, others ignored;
+analysis.prompts). --shard i/n keeps the prompts whose 0-based index in that list satisfies
+index % n == i, so the shards 0/n .. n-1/n partition the prompts exactly. The rows are made by
+analysis.batch_export (batches of --batch-size; --max-new-tokens N > 0 continues each prompt) and
+streamed to the output file(s) (`analysis.export.ExportWriter`), which appear only when the export
+finished; Parquet files record the export's provenance.
+
+--engine ray (the `distributed` extra) runs the same rows on a Ray cluster instead of this process:
+--out is then a directory (or fsspec URL) that receives a partitioned Parquet dataset, and
+--prompts may also be .jsonl or .parquet, local or any fsspec URL (analysis.distributed).
 """
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
-from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
-from analysis import columns as C
+from analysis.prompts import TokenText
 
 from . import options as O
-from .common import TokenText, load_with_tokenizer, read_text_file
-
-log = logging.getLogger(__name__)
+from .common import load_with_tokenizer, read_text_file
 
 SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+ENGINES = ("embedded", "ray")
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -46,36 +46,27 @@ def add(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--shard", metavar="i/n", help="only prompts with index %% n == i (0-based)")
     e.add_argument("--atm", action="store_true", help="Wiola: merge tokens (ATM) in the prompt pass")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
+    O.add_device_options(e)
+    r = e.add_argument_group("distributed export (--engine ray; pip install 'routescope[distributed]')")
+    r.add_argument("--engine", choices=ENGINES, default="embedded", metavar="ENGINE",
+                   help="one of %(choices)s (default %(default)s: this process; ray: a Ray cluster, RAY_ADDRESS "
+                        "or a local one, writing a partitioned Parquet dataset to --out DIR)")
+    r.add_argument("--workers", type=O.positive_int, default=2, help="Ray actors, each loading the checkpoint once "
+                                                                        "(default %(default)s)")
+    r.add_argument("--partition-size", type=O.positive_int, default=1000,
+                   help="prompts per output file (default %(default)s); a rerun skips finished partitions")
+    r.add_argument("--threads-per-worker", type=O.positive_int, default=1, help="torch threads (and Ray CPUs) "
+                                                                                "per actor (default %(default)s)")
     e.set_defaults(func=run)
 
 
 def read_prompts(path: str | Path) -> list[tuple[str, str]]:
     """(prompt_id, prompt) pairs from a .txt (one per non-blank line, id = line number) or a .tsv
     (columns prompt_id and prompt)."""
+    from analysis.prompts import parse_prompts
+
     path = Path(path)
-    text = read_text_file(path, "prompt file")
-    if path.suffix.lower() not in (".txt", ".tsv"):
-        raise ValueError(f"{path}: prompt files are .txt (one prompt per line) or .tsv (prompt_id, prompt)")
-    lines = [line.removesuffix("\r") for line in text.split("\n")]  # not splitlines: U+2028 & co. are text
-    if path.suffix.lower() == ".txt":
-        return [(str(n), line) for n, line in enumerate(lines, start=1) if line.strip()]
-    rows = [line.split("\t") for line in lines]  # no quoting: a field holds no tab
-    header = rows[0] if rows else []
-    missing = [c for c in ("prompt_id", "prompt") if c not in header]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; found: {', '.join(header) or 'none'}")
-    i_id, i_p = header.index("prompt_id"), header.index("prompt")
-    out = []
-    for n, row in enumerate(rows[1:], start=2):
-        if not any(row):
-            continue
-        if len(row) != len(header):
-            raise ValueError(f"{path}: line {n} has {len(row)} fields, the header has {len(header)}")
-        out.append((row[i_id], row[i_p]))
-    dup = sorted(i for i, k in Counter(i for i, _ in out).items() if k > 1)
-    if dup:
-        raise ValueError(f"{path}: duplicate prompt_id(s) {', '.join(dup)}")
-    return out
+    return parse_prompts(read_text_file(path, "prompt file"), path, path.suffix)
 
 
 def parse_shard(spec: str | None) -> tuple[int, int]:
@@ -93,97 +84,66 @@ def shard(items: Sequence[Any], i: int, n: int) -> list[Any]:
     return [x for k, x in enumerate(items) if k % n == i]
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for k in range(0, len(items), size):
-        yield items[k:k + size]
+def job_of(args: argparse.Namespace):
+    """The analysis.batch_export.ExportJob of the command line."""
+    from analysis.batch_export import ExportJob
 
-
-def _export_prompt_batch(model, batch, decode, ablation, args, model_name):
-    """Prompt-only rows. Prompts of a batch share one forward, right-padded to the longest: under
-    causal attention no real position sees the padding, and the padded positions' rows are
-    dropped. With sampled routing every prompt runs alone (its Gumbel noise then depends only on
-    --seed, not on batching or sharding), and with ATM too (merges could reach into padding)."""
-    import torch
-
-    from core_models import tracing
-    from analysis.table import ExportMeta, RowMeta, routing_table
-
-    alone = args.routing == "sampled" or args.atm
-    groups = [[item] for item in batch] if alone else [list(batch)]
-    pad = max(0, getattr(model.config, "pad_id", 0))
-    for group in groups:
-        T = max(len(ids) for _, ids in group)
-        padded = [ids + [pad] * (T - len(ids)) for _, ids in group]
-        gen = torch.Generator().manual_seed(args.seed)
-        with torch.inference_mode(), tracing() as tr:
-            model(torch.tensor(padded), ablation=ablation, routing=args.routing, generator=gen,
-                  atm=True if args.atm else None)
-        meta = ExportMeta(model=model_name, ablation=ablation.describe(), seed=args.seed,
-                          rows=[RowMeta(pid, row, decode(row)) for (pid, _), row in zip(group, padded)])
-        df = routing_table(tr, model, meta=meta)
-        if any(len(ids) < T for _, ids in group):
-            length = df[C.PROMPT_ID].map({pid: len(ids) for pid, ids in group})
-            df = df[df[C.POSITION].isna() | (df[C.POSITION] < length)].reset_index(drop=True)
-        yield df
-
-
-def _export_generation(model, pid, ids, decode, ablation, args, model_name):
-    from core_models.generate import Sampling, generate
-    from analysis.table import ExportMeta, RowMeta, routing_table
-
-    g = generate(model, ids, max_new_tokens=args.max_new_tokens, sampling=Sampling(seed=args.seed), top_n=1,
-                 ablation=ablation, routing=args.routing, routing_seed=args.seed, trace_sites=None)
-    for note in g.notes:
-        log.warning("prompt %s: %s", pid, note)
-    meta = ExportMeta(model=model_name, ablation=ablation.describe(), seed=args.seed,
-                      rows=[RowMeta(pid, g.ids, decode(g.ids), n_prompt=len(g.prompt_ids))])
-    return routing_table(g.trace, model, meta=meta)
+    return ExportJob(max_new_tokens=args.max_new_tokens, routing=args.routing, seed=args.seed, atm=args.atm,
+                     drop=tuple(args.drop), force=tuple(args.force), batch_size=args.batch_size)
 
 
 def run(args: argparse.Namespace) -> int:
+    job = job_of(args)  # checks --atm against --max-new-tokens
+    if args.engine == "ray":
+        return run_ray(args, job)
     from tqdm import tqdm
 
-    from core_models import Ablation
+    from analysis import batch_export as B
     from analysis.export import ExportWriter, check_output
 
     for out in args.out:  # before any work: a bad output must not fail a long export at its end
         check_output(out)
     if len({Path(out).resolve() for out in args.out}) < len(args.out):
         raise ValueError(f"--out: the same file is given twice ({', '.join(args.out)})")
-    if args.atm and args.max_new_tokens:
-        raise ValueError("--atm needs --max-new-tokens 0: token merging cannot run with the KV cache of generation")
     i, n = parse_shard(args.shard)
     prompts = [(str(k + 1), p) for k, p in enumerate(args.prompt)] if args.prompt else read_prompts(args.prompts)
     prompts = shard(prompts, i, n)
-    model, tok = load_with_tokenizer(args.checkpoint)
+    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     if not model.routing_layers():
-        raise ValueError(f"{args.checkpoint}: family {model.config.family!r} has no routing layers to export")
-    ablation = Ablation.parse(args.drop, args.force)
-    ablation.validate(model.routing_layers())
-    model_name = Path(args.checkpoint).resolve().name
-    decode = TokenText(tok)
-    encoded = []
-    for pid, text in prompts:
-        ids = tok.encode(text).ids
-        if not ids:
-            raise ValueError(f"prompt {pid!r}: encodes to no tokens")
-        if not args.max_new_tokens and len(ids) > model.context:
-            log.warning("prompt %s: kept the last %d of %d tokens (context)", pid, model.context, len(ids))
-            ids = ids[-model.context:]
-        encoded.append((pid, ids))
-    notes: set[str] = set()
-    with ExportWriter(*args.out) as w, tqdm(total=len(encoded), desc="export", unit="prompt",
-                                           disable=True if args.quiet else None) as bar:
-        for batch in _chunks(encoded, args.batch_size):
-            if args.max_new_tokens:
-                frames = (_export_generation(model, pid, ids, decode, ablation, args, model_name) for pid, ids in batch)
-            else:
-                frames = _export_prompt_batch(model, batch, decode, ablation, args, model_name)
+        raise ValueError(f"{args.checkpoint}: {model.config.label} has no routing layers to export")
+    if args.atm:
+        from core_models.wiola import ATM
+        model.check_options({ATM: True})  # a model without token merging says so before any work
+    ablation = job.ablation(model)
+    encoded = B.encode_prompts(tok, prompts, model.context, job)
+    name, notes = B.model_name(args.checkpoint), B.NoteLog()
+    with ExportWriter(*args.out, provenance=B.provenance(args.checkpoint, model, job)) as w, \
+            tqdm(total=len(encoded), desc="export", unit="prompt", disable=True if args.quiet else None) as bar:
+        for batch, frames in B.export_batches(model, encoded, TokenText(tok), ablation, job, name):
             for df in frames:
                 w.write(df)
-                for note in set(df.attrs.get("notes", [])) - notes:
-                    log.warning("%s", note)
-                    notes.add(note)
+                notes(df)
             bar.update(len(batch))
     sys.stderr.write(f"wrote {w.n_rows} rows for {len(encoded)} prompts to {', '.join(args.out)}\n")
+    return 0
+
+
+def run_ray(args: argparse.Namespace, job) -> int:
+    """--engine ray: analysis.distributed.export_ray over a Ray cluster (RAY_ADDRESS) or a local one."""
+    if args.shard:
+        raise ValueError("--shard: not with --engine ray (Ray partitions the prompts itself; see --partition-size)")
+    if len(args.out) != 1:
+        raise ValueError(f"--out: --engine ray writes one Parquet dataset directory, got {len(args.out)} outputs")
+    try:
+        import ray  # noqa: F401  (only to say what is missing before any work)
+    except ImportError:
+        raise ValueError("--engine ray needs Ray: pip install 'routescope[distributed]'") from None
+    from analysis import distributed
+
+    source = distributed.PromptSource(texts=tuple(args.prompt)) if args.prompt else \
+        distributed.PromptSource(path=args.prompts)
+    summary = distributed.export_ray(args.checkpoint, source, args.out[0], job, workers=args.workers,
+                                     partition_size=args.partition_size, threads=args.threads_per_worker,
+                                     device=args.device, dtype=args.dtype, progress=not args.quiet)
+    sys.stderr.write(summary.describe() + "\n")
     return 0

@@ -22,6 +22,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="candidates shown per step (at most the vocabulary size)")
     O.add_ablation_options(g)
     g.add_argument("--json", action="store_true")
+    O.add_device_options(g)
     g.set_defaults(func=run)
 
 
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from core_models.generate import Sampling, generate
     from core_models.runtime import Ablation
 
-    model, tok = load_with_tokenizer(args.checkpoint)
+    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     ids = tok.encode(args.prompt).ids
     sampling = Sampling(greedy=not args.sample, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, seed=args.seed)

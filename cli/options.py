@@ -116,3 +116,13 @@ def add_ablation_options(p: argparse.ArgumentParser) -> None:
                    metavar="MODE", help="Gumbel routing at inference, one of %(choices)s (default %(default)s)")
     p.add_argument("--drop", action="append", default=[], help="OPTION or LAYER:OPTION, repeatable")
     p.add_argument("--force", action="append", default=[], help="LAYER:OPTION, repeatable")
+
+
+def add_device_options(p: argparse.ArgumentParser) -> None:
+    """--device and --dtype, as every command that runs a model takes them."""
+    p.add_argument("--device", choices=ChoicesOf("core_models.devices", "DEVICES"), default="auto", metavar="DEVICE",
+                   help="where the model runs, one of %(choices)s (default auto: CUDA if available, then MPS, "
+                        "else the CPU)")
+    p.add_argument("--dtype", choices=ChoicesOf("core_models.devices", "DTYPES"), default="float32", metavar="DTYPE",
+                   help="parameter precision, one of %(choices)s (default %(default)s; see the README for the "
+                        "tolerance of bfloat16 against float32)")

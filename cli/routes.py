@@ -26,6 +26,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true")
     r.add_argument("--batch-size", type=O.positive_int, default=32, help="probes per forward (padded batches)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    O.add_device_options(r)
     r.set_defaults(func=run)
 
 
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from analysis import domain as D
 
     source = args.probes or D.DEFAULT_PROBES
-    model, tok = load_with_tokenizer(args.checkpoint)
+    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     cfg = model.config
     D.require_papaformer(cfg)
     scan = _scan_probes(source, model, tok)

@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from .base import RouteScopeLM
 from .config import BaseConfig, ConfigError, json_kind
+from .devices import place, resolve_device, resolve_dtype
 from .registry import build_model, config_from_dict, param_count
 
 CONFIG, WEIGHTS, TOKENIZER, CARD = "config.json", "model.safetensors", "tokenizer.json", "README.md"
@@ -158,19 +159,24 @@ def shape_model(config: BaseConfig) -> RouteScopeLM:
         return build_model(config, init=False)
 
 
-def materialise(model: RouteScopeLM) -> RouteScopeLM:
-    """Give every meta parameter uninitialised CPU memory, keeping tied parameters tied."""
+def materialise(model: RouteScopeLM, device: torch.device | str | None = None,
+                dtype: torch.dtype | None = None) -> RouteScopeLM:
+    """Give every meta parameter uninitialised memory on `device` (default CPU), floating ones in
+    `dtype` (default: as built), keeping tied parameters tied; buffers move to `device` and keep
+    their dtype (devices.place). Parameters are allocated where they will live: no CPU copy first."""
     if any(b.is_meta for b in model.buffers()):  # a family allocated a buffer with torch.empty
-        return build_model(model.config, init=False)
+        return place(build_model(model.config, init=False), device, dtype)
     real: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
             if p.is_meta:
                 if id(p) not in real:
+                    want = dtype if dtype is not None and p.is_floating_point() else p.dtype
                     # torch.empty from a shape: empty_like(meta) would import torch's Python meta kernels
-                    real[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad)
+                    real[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=want, device=device),
+                                               requires_grad=p.requires_grad)
                 setattr(module, name, real[id(p)])
-    return model
+    return place(model, device, dtype)
 
 
 def storage_dtypes(t: torch.Tensor) -> tuple[str, ...]:
@@ -248,8 +254,14 @@ def tokenizer_mismatch(tokenizer, vocab_size: int) -> str | None:
     return None
 
 
-def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32):
-    """Return (model in eval mode, tokenizer or None). Every check runs before the model takes memory."""
+def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu",
+                    dtype: str | torch.dtype = torch.float32):
+    """Return (model in eval mode, tokenizer or None). Every check runs before the model takes memory.
+
+    `device`: "cpu", "cuda[:N]", "mps", "auto" (devices.resolve_device) or "meta" (every check, no
+    weight read: a model of shapes only). `dtype` applies to the floating parameters (float32,
+    bfloat16, float16); the position tables stay float32 (devices.place)."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
@@ -264,6 +276,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype = torch.float
     check_size(config, header, path / CONFIG, weights)
     model = shape_model(config)
     check_tensors(model, weights, header)
-    model = materialise(model).to(dtype)
-    _fill(model, weights, header)
+    model = materialise(model, device, dtype)
+    if device.type != "meta":
+        _fill(model, weights, header)
     return model.eval(), tok

@@ -95,11 +95,12 @@ def generate(model: RouteScopeLM, prompt_ids: list[int], *, max_new_tokens: int 
     sampler = torch.Generator().manual_seed(sampling.seed)
     router_gen = torch.Generator().manual_seed(routing_seed)
     cache = model.new_cache()
+    device = model.device  # ids go to the model; logits come back to the CPU for sampling (CPU generator)
     call = dict(ablation=ablation, routing=routing, generator=router_gen, cache=cache)
     trace_ctx = tracing(None if trace_sites is None else list(trace_sites)) if trace_sites is not False else None
     tr = trace_ctx.__enter__() if trace_ctx else None
     try:
-        logits = model(torch.tensor([ids]), **call).logits[0]  # (T, V)
+        logits = model(torch.tensor([ids], device=device), **call).logits[0].cpu()  # (T, V)
         gen.prompt_logits = logits
         last = logits[-1]
         for i in range(max_new_tokens):
@@ -116,7 +117,7 @@ def generate(model: RouteScopeLM, prompt_ids: list[int], *, max_new_tokens: int 
             done = tok in stop_ids or i == max_new_tokens - 1
             if done and tr is None:
                 break  # the last token's own forward is only needed for its routing records
-            last = model(torch.tensor([[tok]]), **call).logits[0, -1]
+            last = model(torch.tensor([[tok]], device=device), **call).logits[0, -1].cpu()
             if done:
                 break
     finally:

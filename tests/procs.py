@@ -77,3 +77,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def carrying(name: str, value: str) -> list[int]:
+    """Pids of the processes whose environment holds name=value (what scripts/test checks after pytest),
+    this process excluded."""
+    want, pids = f"{name}={value}".encode(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def wait_gone(name: str, value: str, timeout: float = 30.0) -> list[int]:
+    """carrying(name, value) once it is empty or `timeout` s passed (processes take a moment to exit)."""
+    deadline = time.monotonic() + timeout
+    while (left := carrying(name, value)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
