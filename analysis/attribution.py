@@ -104,7 +104,9 @@ class _BlendedEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         e = self.inner(ids)  # (N, T, d)
-        return e if self.scale is None else self.scale * e + (1 - self.scale) * self.baseline.to(e.dtype)
+        if self.scale is None:
+            return e
+        return (self.scale * e + (1 - self.scale) * self.baseline.to(e.dtype)).to(e.dtype)  # a bfloat16 model stays so
 
 
 def _replica(module: nn.Module) -> nn.Module:

@@ -189,6 +189,21 @@ def test_a_bfloat16_models_trace_is_its_values_widened_to_float32_on_the_cpu(key
     assert torch.bfloat16 in dtypes  # the model's activations were bfloat16, and came back float32
 
 
+@pytest.mark.parametrize("key", ["gumbel_v2", "moep", "wiola", "pagmlp", "pgpt"])
+def test_integrated_gradients_run_in_bfloat16_close_to_float32(key):
+    """The blended embedding stays in the model's dtype (a float32 blend broke every bfloat16 layer);
+    the attributions are those of float32 within BF16_TOL of their scale on these models."""
+    from analysis.attribution import TokenAttribution
+
+    ids = IDS[0]
+    want = TokenAttribution(tiny_model(key)).attribute(ids, n_steps=16)
+    got = TokenAttribution(devices.place(tiny_model(key), "cpu", torch.bfloat16)).attribute(
+        ids, n_steps=16, target_token=want.target_token)
+    assert got.attributions.dtype == torch.float32 and got.attributions.device.type == "cpu"
+    scale = float(want.attributions.abs().max())
+    assert float((got.attributions - want.attributions).abs().max()) <= devices.BF16_TOL * scale
+
+
 # --- bfloat16 against float32 on the shipped checkpoints ------------------------------------------
 
 def _shipped() -> list[str]:
