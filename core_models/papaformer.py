@@ -25,8 +25,10 @@ per layer -mean_t H(pi_t) (soft per-token routing, the paper's stated aim and th
 reference code adds +H(mean), which would reward imbalance). Each is recorded at
 `parallel.{i}.router.aux.entropy` / `.aux.balance` and summed over layers with weight aux_lambda
 (the balance term: balance_lambda when set). Optional, not in the paper: ST-MoE's router z-loss
-(`z_lambda` > 0, site `.aux.z`). Training recipes (temperature annealing, router warm-up with
-frozen paths) live in the trainer's TrainConfig; see checkpoints/experiments/gumbel-routing.md.
+(`z_lambda` > 0, site `.aux.z`) and a supervised router warm-up, the cross-entropy of the router
+logits toward a call's route_targets (`route_target_lambda` > 0, site `.aux.target`). Training
+recipes (temperature annealing, router warm-up with frozen paths, domain routes) live in the
+trainer's TrainConfig; checkpoints/experiments/gumbel-routing.md measures them.
 
 Ablation semantics (routing layer `parallel.{i}`, options 0..k-1 = paths, k = combined):
 - drop path j: its block is not run; its slot in the concatenation is zeros; Gumbel routers also
@@ -44,7 +46,7 @@ from . import runtime
 from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import ROPES, Block, BlockSpec, RMSNorm, init_weights
-from .routers import AUX_BALANCE, AUX_ENTROPY, AUX_Z, GUMBEL_TAU, ROUTE_TARGETS, GumbelRouter
+from .routers import AUX_BALANCE, AUX_ENTROPY, AUX_ROUTE, AUX_Z, GUMBEL_TAU, ROUTE_TARGETS, GumbelRouter
 from .sites import RoutingLayer, Site
 
 COMBINERS = ("share_linear", "gumbel_v1", "gumbel_v2")
@@ -70,6 +72,7 @@ class PapaformerConfig(BaseConfig):
     aux_lambda: float = 0.01  # weight of each Gumbel aux term (reference: lambda_entropy = lambda_load = 0.01)
     balance_lambda: float | None = None  # weight of the balance term alone (None: aux_lambda)
     z_lambda: float = 0.0  # > 0: add ST-MoE's router z-loss with this weight (not in the paper)
+    route_target_lambda: float = 0.0  # > 0: router cross-entropy toward a call's route_targets (not in the paper)
     # options that express the paper's reference code exactly (defaults: RouteScope's own models)
     rope: str = "half"
     attn_out_proj: bool = True
@@ -91,7 +94,7 @@ class PapaformerConfig(BaseConfig):
         self.one_of("combiner", COMBINERS)
         self.one_of("rope", ROPES)
         self.require(self.gumbel_tau > 0, "gumbel_tau", "must be > 0")
-        for f in ("aux_lambda", "balance_lambda", "z_lambda"):
+        for f in ("aux_lambda", "balance_lambda", "z_lambda", "route_target_lambda"):
             v = getattr(self, f)
             self.require(v is None and f == "balance_lambda" or v is not None and v >= 0, f, "must be >= 0")
         self.require(self.norm_eps > 0, "norm_eps", "must be > 0")
@@ -145,7 +148,8 @@ class ParallelLayer(RoutingLayer):
         else:
             self.combine = nn.Linear(k * dp, dp, bias=c.router_bias)
             router_in = dp if c.combiner == "gumbel_v1" else k * dp
-            self.router = GumbelRouter(router_in, k + 1, bias=c.router_bias, tau=c.gumbel_tau, z_loss=c.z_lambda > 0)
+            self.router = GumbelRouter(router_in, k + 1, bias=c.router_bias, tau=c.gumbel_tau, z_loss=c.z_lambda > 0,
+                                       target_loss=c.route_target_lambda > 0)
             self.routed = Site("[batch, pos, d_par] router-weighted sum of the candidates (before grow)")
         self.combined = Site("[batch, pos, d_par] combined representation (Share-Linear: the layer output; "
                              "d_model wide in the last layer when fused_grow)")
@@ -201,7 +205,7 @@ class Papaformer(RouteScopeLM):
     def aux_weights(self) -> dict[str, float]:
         c = self.config
         balance = c.aux_lambda if c.balance_lambda is None else c.balance_lambda
-        return {AUX_ENTROPY: c.aux_lambda, AUX_BALANCE: balance, AUX_Z: c.z_lambda}
+        return {AUX_ENTROPY: c.aux_lambda, AUX_BALANCE: balance, AUX_Z: c.z_lambda, AUX_ROUTE: c.route_target_lambda}
 
     def run_options(self) -> dict[str, str]:
         targets = {ROUTE_TARGETS: "(batch, pos) option every token must take in every parallel layer while training, "

@@ -38,6 +38,7 @@ AUX_ENTROPY = "routing_entropy"  # -mean_t H(pi_t): minimising it keeps per-toke
 AUX_BALANCE = "load_balance"  # -H(mean_t pi_t): minimising it spreads usage over the options
 AUX_Z = "router_z"  # mean_t logsumexp(z_t)^2 (ST-MoE router z-loss): keeps router logits small
 GUMBEL_TAU = "gumbel_tau"  # per-call option: the Gumbel-softmax temperature of a training step
+AUX_ROUTE = "route_target"  # cross-entropy of the router logits toward the call's route_targets (when asked)
 ROUTE_TARGETS = "route_targets"  # per-call option: (B, T) option each token must take while training (-1: free)
 
 
@@ -66,6 +67,8 @@ class GumbelAux(nn.Module):
         self.balance = Site("[] scalar: this layer's -H(mean_t pi_t) (nats), its AUX_BALANCE share", pos_axis=None)
         self.z = Site("[] scalar: this layer's mean_t logsumexp(z_t)^2, its AUX_Z share (when z_loss is on)",
                       pos_axis=None)
+        self.target = Site("[] scalar: this layer's cross-entropy of the logits toward route_targets, its "
+                           "AUX_ROUTE share (when target_loss is on and the call gives targets)", pos_axis=None)
 
 
 class GumbelRouter(nn.Module):
@@ -85,15 +88,18 @@ class GumbelRouter(nn.Module):
     z-loss; not in the paper), is recorded too. The temperature is `tau` unless the call gives one
     (`forward(gumbel_tau=...)`: the trainer's annealing schedule). `forward(route_targets=...)`, a
     (B, T) tensor, makes every token with a target >= 0 take that option while training (the forward
-    value is its one-hot; the straight-through gradient still reaches the router through pi).
+    value is its one-hot; the straight-through gradient still reaches the router through pi). With
+    target_loss=True those tokens also add AUX_ROUTE, the cross-entropy of the logits toward their
+    targets (a supervised router warm-up; not in the paper).
     """
 
     def __init__(self, in_dim: int, n_options: int, bias: bool = True, tau: float = 1.0,
-                 z_loss: bool = False) -> None:
+                 z_loss: bool = False, target_loss: bool = False) -> None:
         super().__init__()
         self.proj = nn.Linear(in_dim, n_options, bias=bias)
         self.tau = tau
         self.z_loss = z_loss
+        self.target_loss = target_loss
         self.logits = Site("[batch, pos, n_options] router logits (dropped options -inf)")
         self.probs = Site("[batch, pos, n_options] noise-free softmax of the router logits")
         self.choice = Site("[batch, pos] chosen option (int64)")
@@ -116,7 +122,11 @@ class GumbelRouter(nn.Module):
             choice = pi.argmax(-1)
             targets = st.options.get(ROUTE_TARGETS)
             if targets is not None:  # a curriculum's routes (e.g. each document's own domain path)
-                choice = torch.where(targets >= 0, targets.to(choice.device), choice)
+                targets = targets.to(choice.device)
+                choice = torch.where(targets >= 0, targets, choice)
+                if self.target_loss and bool((targets >= 0).any()):
+                    ce = F.cross_entropy(logits.float()[targets >= 0], targets[targets >= 0])
+                    _add_aux(st.aux, AUX_ROUTE, self.aux.target(ce))
             hard = F.one_hot(choice, logits.shape[-1]).type_as(pi)
             weights = hard - pi.detach() + pi  # straight-through: hard forward, soft gradient
             _add_aux(st.aux, AUX_ENTROPY, self.aux.entropy(soft_routing_loss(pi)))

@@ -244,3 +244,29 @@ def test_share_linear_route_targets_keep_only_the_target_paths_output():
     with torch.no_grad():  # targets only act while training
         model.eval()
         torch.testing.assert_close(model(ids, route_targets=targets).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_route_target_loss_is_the_cross_entropy_of_the_logits_toward_the_targets():
+    from core_models.routers import AUX_ROUTE
+
+    model = tiny_model("gumbel_v2", route_target_lambda=0.5).train()
+    ids = _ids()
+    targets = torch.full(ids.shape, -1, dtype=torch.long)
+    targets[0, :7] = 1
+    targets[1, 3:] = 0
+    from core_models import tracing
+    with tracing() as tr:
+        out = model(ids, generator=torch.Generator().manual_seed(5), route_targets=targets)
+    total = 0.0
+    mask = targets >= 0
+    for i in range(model.config.n_parallel_layers):
+        logp = torch.log_softmax(tr[f"parallel.{i}.router.logits"].double(), -1)
+        want = -float(logp[mask].gather(-1, targets[mask][:, None]).mean())  # plain float64 NLL
+        assert math.isclose(float(tr[f"parallel.{i}.router.aux.target"]), want, rel_tol=1e-5)
+        total += want
+    assert math.isclose(out.aux[AUX_ROUTE].item(), total, rel_tol=1e-5)
+    c = model.config
+    want_loss = c.aux_lambda * (out.aux[AUX_ENTROPY].item() + out.aux[AUX_BALANCE].item()) + 0.5 * total
+    assert math.isclose(out.aux_loss.item(), want_loss, rel_tol=1e-5)
+    off, _ = _traced(tiny_model("gumbel_v2").train(), route_targets=targets)
+    assert AUX_ROUTE not in off.aux  # off by default: the paper's routers are unsupervised
