@@ -14,8 +14,8 @@ Routing recipes (plain data in TrainConfig; checkpoints/experiments/gumbel-routi
   `forward(route_targets=...)` (Gumbel: the token's route; Share-Linear: only that path's output is
   kept); afterwards the routers choose freely. With the paths frozen over the
   same steps this trains the new connections of a composed PaPaformer around the domain experts
-  before routing is learned (DEMix-style domain routing as a warm-up; the router itself is never
-  given the labels as a target).
+  before routing is learned (DEMix-style domain routing as a warm-up). The routers see the labels
+  as a target only if the model's route_target_lambda > 0 (a supervised router warm-up).
 
 The data stream is the seeded corpus generator tokenised on the fly and packed into rows of
 seq_len + 1 tokens. Resume state (model, optimiser moments, step, stream position) is kept in
