@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 ORDER = ["llama-dense", "pagmlp", "path-story", "path-math", "papaformer-share-linear", "papaformer-gumbel-v1",
          "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny"]
+ROUTES_BLOCK = "<!-- routes-table:start -->"  # scripts/routes_table.py owns the README from here on; kept as is
 
 
 def main(root: Path = ROOT) -> int:
@@ -35,6 +36,9 @@ checkpoint's `training.json`.
 | checkpoint | family | val loss story | val loss math | params | active/token | steps | tokens | minutes | note |
 |---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
+    old = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
+    if ROUTES_BLOCK in old:
+        text += "\n" + old[old.index(ROUTES_BLOCK):]
     (root / "README.md").write_text(text)
     sys.stdout.write(text)
     return 0
