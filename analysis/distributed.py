@@ -28,8 +28,9 @@ never needs it. The rows are those of the single-process export: each worker run
 
 `ray.init` connects to the cluster in RAY_ADDRESS when it is set (nodes need routescope and its
 `distributed` extra installed, and --out must be a path or URL every node can write); otherwise it
-starts a local cluster with `workers * threads + 1` logical CPUs, no dashboard, a bounded object
-store and its session files in a temporary directory, and stops it when the export ends.
+starts a local cluster with `workers * threads + 1` logical CPUs (workers are cut to what this
+machine's CPUs hold), no dashboard, a bounded object store and its session files in a temporary
+directory, and stops it when the export ends.
 """
 from __future__ import annotations
 
@@ -138,6 +139,14 @@ def finished(out: str) -> dict[str, str]:
     return done
 
 
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: names the setting that differs."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def _prepare_out(out: str, manifest: dict) -> None:
     """Create the dataset directory (its parent must exist) or check an earlier run's manifest."""
     manifest = json.loads(json.dumps(manifest))  # as it reads back (tuples become lists)
@@ -153,7 +162,8 @@ def _prepare_out(out: str, manifest: dict) -> None:
         except (ValueError, OSError) as e:
             raise ValueError(f"{out}: unreadable {MANIFEST} ({e}); use a new --out directory") from None
         if earlier != manifest:
-            changed = sorted(k for k in set(earlier) | set(manifest) if earlier.get(k) != manifest.get(k))
+            old, new = _flat(earlier), _flat(manifest)
+            changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             raise ValueError(f"{out}: holds an export made with other settings ({', '.join(changed)} differ); "
                              f"use a new --out directory or remove it")
         return
@@ -452,6 +462,12 @@ def export_ray(checkpoint: str | Path, source: PromptSource, out: str, job: B.Ex
     provenance = B.provenance(checkpoint, meta, job)
     _prepare_out(out, {"provenance": provenance, "partition_size": partition_size})
     _clean_leftovers(out)
+    if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if workers * threads > cores:  # a local cluster is bounded by this machine's CPUs
+            log.warning("%d workers x %d threads exceed the %d CPUs here: running %d worker(s)", workers, threads,
+                        cores, max(1, cores // threads))
+            workers = max(1, cores // threads)
     started, tmp = _connect(workers, threads)
     ctx = ray.data.DataContext.get_current()
     saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars

@@ -150,7 +150,7 @@ def test_a_rerun_with_other_settings_is_refused(cluster, checkpoint, prompt_file
     ck, src = checkpoint("gumbel_v1"), D.PromptSource(path=str(prompt_file))
     D.export_ray(ck, src, str(out), JOB, workers=1, partition_size=6, device="cpu", progress=False)
     before = sorted(p.name for p in out.rglob("*"))
-    with pytest.raises(ValueError, match=r"other settings \(provenance differ\)"):
+    with pytest.raises(ValueError, match=r"other settings \(provenance.job.seed differ\)"):
         D.export_ray(ck, src, str(out), ExportJob(batch_size=2, seed=7), workers=1, partition_size=6, device="cpu")
     with pytest.raises(ValueError, match=r"other settings \(partition_size differ\)"):
         D.export_ray(ck, src, str(out), JOB, workers=1, partition_size=5, device="cpu")
