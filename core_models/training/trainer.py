@@ -304,8 +304,19 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
     return summary
 
 
+def _init_note(init_from: str | None) -> str:
+    """The first paragraph of the starting checkpoint's card (compose writes how it initialised the
+    combiner there), as a card line; "" when there is none."""
+    card = Path(init_from) / "README.md" if init_from else None
+    if card is None or not card.is_file():
+        return ""
+    paragraphs = [p.strip() for p in card.read_text(errors="replace").split("\n\n")]
+    text = next((" ".join(p.split()) for p in paragraphs if p and not p.startswith("#")), "")
+    return f"- initial weights: {text}\n" if text else ""
+
+
 def _recipe_lines(t: dict[str, Any]) -> str:
-    lines = []
+    lines = [_init_note(t.get("init_from"))]
     if t.get("freeze"):
         lines.append(f"- router warm-up: {', '.join(t['freeze'])} frozen for the first {t['freeze_steps']} steps\n")
     if t.get("domain_route_steps"):

@@ -67,7 +67,8 @@ def start(tmp_path_factory, tok):
                     n_par_heads=2, n_parallel_layers=2, context=32)
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("start") / "ck"
-    save_checkpoint(build_model(cfg).eval(), out, tokenizer=tok, card="start", dtype=torch.float32)
+    save_checkpoint(build_model(cfg).eval(), out, tokenizer=tok, card="# start\n\nstart card\ntext.\n",
+                    dtype=torch.float32)
     return out
 
 
@@ -92,6 +93,7 @@ def test_frozen_parameters_stay_unchanged_for_the_warm_up_then_train(start, tok,
     card = (tmp_path / "a" / "README.md").read_text()
     assert f"{PATHS} frozen for the first 2 steps" in card and "annealed 2.0 -> 0.5" in card
     assert "story -> option 0, math -> option 1" in card
+    assert "- initial weights: start card text.\n" in card  # the first paragraph of the starting checkpoint's card
 
 
 # --- domain routes ---------------------------------------------------------------------------------
