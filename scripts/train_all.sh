@@ -23,8 +23,13 @@ train() {  # name preset data steps [extra...]
 train path-story path story=1 700
 train path-math path math=1 700
 # PaPaformer: N = 3 parallel layers (the 3-layer paths), Share-Linear with the paper's k*d' -> d grow,
-# Gumbel aux terms on pi with the paper's signs. A checkpoint made before that (its config differs
-# from its preset, or a Gumbel run whose history has no aux terms) is rebuilt.
+# Gumbel aux terms on pi with the paper's signs. Routing recipe (checkpoints/experiments/gumbel-routing.md):
+# the Gumbel combiner starts as the reference's N(0, 0.02) init (a mean-of-paths start is a hedge the
+# routers collapse onto); for the first WARM steps the paths are frozen and every token goes through
+# its own domain's pre-trained path (story -> path 0, math -> path 1), the Gumbel routers learning that
+# route by cross-entropy (route_target_lambda 1; not in the paper); then everything trains freely.
+# A checkpoint made before that (its config differs from its preset, a Gumbel run whose history has
+# no aux terms, or a run without the domain-route warm-up) is rebuilt.
 papa_stale() {  # dir combiner -> status 0 if missing or stale
   [ -f "$1/model.safetensors" ] || return 0
   ${PY:-.venv/bin/python} - "$1" "$2" <<'PY'
@@ -37,15 +42,20 @@ cfg = json.load(open(f"{ck}/config.json"))
 history = json.load(open(f"{ck}/training.json")).get("history") or [{}]
 changed = any(cfg.get(k) != v for k, v in PRESETS[COMBINER_PRESET[comb]][1].items())
 old_aux = comb != "share_linear" and f"train_aux_{AUX_ENTROPY}" not in history[-1]
-sys.exit(0 if changed or old_aux else 1)
+no_warmup = not json.load(open(f"{ck}/training.json"))["train"].get("domain_route_steps")
+sys.exit(0 if changed or old_aux or no_warmup else 1)
 PY
 }
 for comb in share_linear gumbel_v1 gumbel_v2; do
   name=papaformer-${comb//_/-}
   if papa_stale "$OUT/$name" "$comb"; then
     rm -rf "$OUT/$name"
-    $RS compose --paths "$OUT/path-story" "$OUT/path-math" --combiner "$comb" --out "$OUT/.composed-$comb"
-    train "$name" "$name" story=0.5,math=0.5 300 --init-from "$OUT/.composed-$comb" --lr 1e-3
+    $RS compose --paths "$OUT/path-story" "$OUT/path-math" --combiner "$comb" --combiner-init normal \
+      --out "$OUT/.composed-$comb"
+    if [ "$comb" = share_linear ]; then warm=(200); else warm=(150 --set route_target_lambda=1.0); fi
+    train "$name" "$name" story=0.5,math=0.5 600 --init-from "$OUT/.composed-$comb" --lr 1e-3 \
+      --freeze 'parallel.*.paths.*' --freeze-for "$(steps "${warm[0]}")" --domain-routes story=0,math=1 \
+      --domain-route-steps "$(steps "${warm[0]}")" "${warm[@]:1}" --max-minutes "${MAX_MINUTES:-20}"
     rm -rf "$OUT/.composed-$comb"
   fi
 done
