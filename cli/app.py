@@ -52,12 +52,27 @@ def _term_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 
 
+def streamlit_command(main: str, args: argparse.Namespace, env: dict[str, str]) -> list[str]:
+    """The `streamlit run` command line: never a prompt, no usage statistics, no raw CSV export."""
+    # no display (a server, CI): never try to open a browser, which could start a console one
+    headless = args.headless or (sys.platform.startswith("linux")
+                                 and not (env.get("DISPLAY") or env.get("WAYLAND_DISPLAY")))
+    cmd = [sys.executable, "-m", "streamlit", "run", main, "--server.port", str(args.port),
+           "--server.headless", "true" if headless else "false", "--server.showEmailPrompt", "false",
+           "--browser.gatherUsageStats", "false",
+           "--client.disableDataExport", "true"]  # st.dataframe's own CSV download skips our CSV writer
+    if args.address:
+        cmd += ["--server.address", args.address]
+    return cmd
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the Streamlit explorer on the shipped checkpoints and wait for it; stopping routescope
     (Ctrl-C, SIGTERM, SIGHUP) stops the Streamlit server too (run_child).
 
     Never waits for input: Streamlit's first-run "Email:" prompt is off (it blocked a new machine,
-    terminal or not), and so are usage statistics. Without --headless Streamlit opens a browser."""
+    terminal or not), and so are usage statistics. Without --headless Streamlit opens a browser when
+    there is a display to open it on."""
     import importlib.util
     import os
 
@@ -73,9 +88,5 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ, ROUTESCOPE_DEVICE=args.device, ROUTESCOPE_DTYPE=args.dtype)  # read by app/resources.py
     if args.checkpoints:
         env[ENV_ROOTS] = os.pathsep.join([*args.checkpoints, *filter(None, [env.get(ENV_ROOTS)])])
-    cmd = [sys.executable, "-m", "streamlit", "run", main, "--server.port", str(args.port),
-           "--server.headless", "true" if args.headless else "false", "--server.showEmailPrompt", "false",
-           "--browser.gatherUsageStats", "false"]
-    if args.address:
-        cmd += ["--server.address", args.address]
+    cmd = streamlit_command(main, args, env)
     return run_child(cmd, env=env, cwd=os.path.dirname(os.path.dirname(main)))

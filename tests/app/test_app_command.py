@@ -45,13 +45,32 @@ def serving_app(tmp_path: Path, *flags: str, **env: str) -> Iterator[tuple[subpr
 
 
 def test_readme_command_serves_with_stdin_closed_and_no_streamlit_config(tmp_path):
-    """The README's `.venv/bin/routescope app`, no --headless: Streamlit is not headless, so on its
-    first run (no ~/.streamlit/credentials.toml) it would wait at an "Email:" prompt. Its attempt
-    to open a browser may fail (no display here): harmless."""
+    """The README's `.venv/bin/routescope app`, no --headless, on a first run (no
+    ~/.streamlit/credentials.toml), stdin closed: it serves. Where there is a display Streamlit is
+    not headless and would wait at an "Email:" prompt without --server.showEmailPrompt false (the
+    command-line test below checks that flag for every display case)."""
     with serving_app(tmp_path) as (_, _, log):
         pass
     assert "Email" not in log.read_text(errors="replace")
     assert not (tmp_path / "home" / ".streamlit" / "credentials.toml").exists()
+
+
+@pytest.mark.parametrize("display,flag,headless", [
+    ({"DISPLAY": ":0"}, [], "false"), ({"WAYLAND_DISPLAY": "wayland-0"}, [], "false"),
+    ({"DISPLAY": ":0"}, ["--headless"], "true"), ({}, [], "true" if sys.platform.startswith("linux") else "false")])
+def test_streamlit_command_never_prompts_and_opens_a_browser_only_on_a_display(display, flag, headless):
+    """With a display Streamlit is not headless, which is when it would ask for an email on a first
+    run: the prompt must be off whatever the display (the served test above runs without one)."""
+    from cli.app import streamlit_command
+    from cli.main import build_parser
+
+    args = build_parser().parse_args(["app", "--port", "8599", *flag])
+    cmd = streamlit_command("app/main.py", args, display)
+    options = dict(zip(cmd[5::2], cmd[6::2]))
+    assert cmd[1:5] == ["-m", "streamlit", "run", "app/main.py"]
+    assert options["--server.showEmailPrompt"] == "false" and options["--browser.gatherUsageStats"] == "false"
+    assert options["--server.headless"] == headless and options["--server.port"] == "8599"
+    assert options["--client.disableDataExport"] == "true"
 
 
 def _children(pid: int) -> list[int]:
