@@ -22,7 +22,8 @@ READINGS = (("last token", False), ("majority", True))
 def papaformer_checkpoints(root: Path = ROOT) -> list[Path]:
     import json
 
-    found = [d for d in root.iterdir() if (d / "config.json").is_file() and (d / "model.safetensors").is_file()
+    found = [d for d in root.iterdir() if not d.name.startswith(".")  # not the train_all's temporary compositions
+             and (d / "config.json").is_file() and (d / "model.safetensors").is_file()
              and json.loads((d / "config.json").read_text()).get("family") == "papaformer"]
     return sorted(found, key=lambda d: (ORDER.index(d.name) if d.name in ORDER else len(ORDER), d.name))
 
