@@ -322,7 +322,9 @@ def _recipe_lines(t: dict[str, Any]) -> str:
     if t.get("domain_route_steps"):
         routes = ", ".join(f"{d} -> option {o}" for d, o in t["domain_routes"].items())
         lines.append(f"- domain-route warm-up: for the first {t['domain_route_steps']} steps every token takes its "
-                     f"document's domain route ({routes}) in every parallel layer\n")
+                     f"document's domain route ({routes}) in every parallel layer"
+                     + (f"; routers learn it by cross-entropy (route_target_lambda {lam})"
+                        if (lam := t.get("overrides", {}).get("route_target_lambda")) else "") + "\n")
     if t.get("tau_start") is not None:
         lines.append(f"- Gumbel temperature annealed {t['tau_start']} -> {t['tau_end']} (geometric over the steps)\n")
     return "".join(lines)

@@ -92,7 +92,7 @@ def test_frozen_parameters_stay_unchanged_for_the_warm_up_then_train(start, tok,
             assert not torch.equal(after[n], p), n
     card = (tmp_path / "a" / "README.md").read_text()
     assert f"{PATHS} frozen for the first 2 steps" in card and "annealed 2.0 -> 0.5" in card
-    assert "story -> option 0, math -> option 1" in card
+    assert "story -> option 0, math -> option 1) in every parallel layer\n" in card
     assert "- initial weights: start card text.\n" in card  # the first paragraph of the starting checkpoint's card
 
 
