@@ -44,6 +44,7 @@ from .effects import ablation_effects
 HELDOUT_PROBES = Path(__file__).parent / "data" / "heldout_probes.tsv"
 PROBE_SETS = {"Table 6": D.DEFAULT_PROBES, "held-out": HELDOUT_PROBES}
 ROUTE_AT = {"last": False, "majority": True}  # route_at label -> domain.probe_routes(majority=...)
+PAPER_READING = "paper's routes"
 
 # report-specific columns
 LOSS, BASE_LOSS, DELTA, MEAN_KL = "loss", "base_loss", "delta", "mean_kl"
@@ -118,15 +119,11 @@ def selective_tokens(routes: np.ndarray, ids: np.ndarray, labels: Sequence[str],
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
 
-def accuracy_table(routes: pd.DataFrame, config: Any, *, probe_set: str, route_at: str,
-                   paper: pd.DataFrame | None = None) -> pd.DataFrame:
-    """`domain.route_summary` of our routes (and the paper's, when given) with the probe set and
-    the reading (last / majority) as columns."""
-    combined = config.combiner != "share_linear"
-    parts = [D.route_summary(routes, config.n_paths, combined=combined)]
-    if paper is not None:
-        parts.append(D.route_summary(paper, D.PAPER_N_PATHS, combined=combined, source="paper"))
-    df = pd.concat(parts, ignore_index=True)
+def accuracy_table(routes: pd.DataFrame, config: Any, *, probe_set: str, route_at: str, source: str = "ours",
+                   n_paths: int | None = None) -> pd.DataFrame:
+    """`domain.route_summary` of `routes` (ours, or the paper's with source="paper" and its path
+    count) with the probe set and the reading (last / majority / the paper's routes) as columns."""
+    df = D.route_summary(routes, n_paths or config.n_paths, combined=config.combiner != "share_linear", source=source)
     df.insert(0, ROUTE_AT_COL, route_at)
     df.insert(0, PROBE_SET, probe_set)
     return df
@@ -204,8 +201,11 @@ def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len
         paper = D.paper_routes(probes, cfg.combiner)
         for at, majority in ROUTE_AT.items():
             ours = D.probe_routes(model, tokenizer, probes, majority=majority)
-            acc.append(accuracy_table(ours, cfg, probe_set=set_name, route_at=at, paper=paper))
+            acc.append(accuracy_table(ours, cfg, probe_set=set_name, route_at=at))
             tables[f"{set_name}, {at}"] = D.table6(ours, probes, paper)
+        if paper is not None:  # the paper printed one route per layer: no last / majority reading
+            acc.append(accuracy_table(paper, cfg, probe_set=set_name, route_at=PAPER_READING, source="paper",
+                                      n_paths=D.PAPER_N_PATHS))
     return ReportData(name=name, config=cfg.to_dict(), settings=dict(n_docs=n_docs, seq_len=seq_len,
                       min_count=min_count, top=top, n_tokens={d: int(r[:, :-1].numel()) for d, r in rows.items()}),
                       shares=route_shares(per_domain, labels), accuracy=pd.concat(acc, ignore_index=True),
@@ -237,8 +237,10 @@ def html_table(df: pd.DataFrame, pct: Sequence[str] = ()) -> str:
 def accuracy_wide(acc: pd.DataFrame) -> pd.DataFrame:
     """One row per (probe set, reading, source): the route shares, accuracy and route count."""
     wide = acc.pivot_table(index=[PROBE_SET, ROUTE_AT_COL, C.SOURCE], columns=C.METRIC, values=C.VALUE,
-                           sort=False, dropna=False).reset_index()
+                           sort=False).reset_index()
     wide.columns.name = None
+    if "n_routes" in wide:
+        wide["n_routes"] = wide["n_routes"].astype("int64")
     return wide
 
 

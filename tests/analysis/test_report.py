@@ -2,6 +2,7 @@
 fetched), and its numbers equal independent recomputations from the model's raw outputs."""
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -84,7 +85,9 @@ def test_accuracy_equals_routes_matching_the_expected_path(made):
             assert f"<td>{got:.1%}</td>" in page
     paper = data.accuracy[(data.accuracy["source"] == "paper") & (data.accuracy["probe_set"] == "Table 6")]
     want = {"gumbel_v1": 0.4, "share_linear": 0.5}[model.config.combiner]  # the paper's own Table 6 routes
-    assert math.isclose(paper[paper["metric"] == "accuracy"]["value"].iloc[0], want, rel_tol=1e-9)
+    assert math.isclose(paper[paper["metric"] == "accuracy"]["value"].item(), want, rel_tol=1e-9)  # once
+    assert set(paper["route_at"]) == {R.PAPER_READING}
+    assert html.escape(R.PAPER_READING) in page
     assert not (data.accuracy["probe_set"] == "held-out").sum() == 0
     assert not ((data.accuracy["probe_set"] == "held-out") & (data.accuracy["source"] == "paper")).any()
 
