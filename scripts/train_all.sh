@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild every shipped checkpoint in checkpoints/ (about 90 minutes on 2 quiet CPU cores;
+# Rebuild every shipped checkpoint in checkpoints/ (about 2 hours on 2 quiet CPU cores;
 # each run stops at a step boundary after MAX_MINUTES, default 8: raise it on a busy machine).
 # Each run's exact command is recorded in its model card; STEPS_SCALE=0.1 makes a quick dry run.
 set -euo pipefail
