@@ -285,7 +285,8 @@ def _frames_json(data: ReportData) -> str:
     doc = {"name": data.name, "config": data.config, "settings": data.settings, "shares": records(data.shares),
            "accuracy": records(data.accuracy), "selective": records(data.selective), "drops": records(data.drops),
            "probe_tables": {k: records(v) for k, v in data.probe_tables.items()}}
-    return json.dumps(doc, ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the block
+    # tables go through pandas' to_json (NaN -> null); strict, so config/settings can't slip a bare NaN in
+    return json.dumps(doc, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")  # no "</script>" inside
 
 
 def render_html(data: ReportData) -> str:
