@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -118,12 +120,18 @@ def _layers(df: pd.DataFrame) -> list[str]:
 def choice_figure(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]],
                   n_prompt: int | None) -> go.Figure:
     """Any routing layer's option weights (analysis.routing.option_weights): the largest per token."""
+    return _selected_figure(view, tokens, labels, n_prompt, lambda r: f"weight {r.weight:.3f}",
+                            "Option with the largest weight per token (every weight on hover)")
+
+
+def _selected_figure(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]], n_prompt: int | None,
+                     value: Callable[[Any], str], title: str) -> go.Figure:
+    """Layers x tokens, each cell the option selected there; every option's `value` on hover."""
     v = view[view[C.BATCH] == 0]
     layers, T = _layers(v), len(tokens)
     z = _grid(v[v[C.SELECTED]], C.OPTION, layers, T)
-    hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.selected else ''}{r.label}: weight {r.weight:.3f}")
-    return choice_heatmap(z, hover, layers, tokens, option_names(labels, layers),
-                          "Option with the largest weight per token (every weight on hover)", n_prompt)
+    hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.selected else ''}{r.label}: {value(r)}")
+    return choice_heatmap(z, hover, layers, tokens, option_names(labels, layers), title, n_prompt)
 
 
 def option_weights_figure(view: pd.DataFrame, layer: str, tokens: list[str], n_prompt: int | None) -> go.Figure:
@@ -141,12 +149,8 @@ def option_weights_figure(view: pd.DataFrame, layer: str, tokens: list[str], n_p
 
 def gumbel_figure(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]],
                   n_prompt: int | None) -> go.Figure:
-    v = view[view[C.BATCH] == 0]
-    layers, T = _layers(v), len(tokens)
-    z = _grid(v[v[C.SELECTED]], C.OPTION, layers, T)
-    hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.selected else ''}{r.label}: {r.prob:.1%}")
-    return choice_heatmap(z, hover, layers, tokens, option_names(labels, layers),
-                          "Gumbel route per token (noise-free probabilities on hover)", n_prompt)
+    return _selected_figure(view, tokens, labels, n_prompt, lambda r: f"{r.prob:.1%}",
+                            "Gumbel route per token (noise-free probabilities on hover)")
 
 
 def cosine_figure(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]],
