@@ -55,7 +55,7 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
     if view == "Generation":
         generation.show(cur, tok)
     elif view == "Routing":
-        routing.show(cur, model)
+        routing.show(cur, resources.routing_figures(path, mtime, prompt, settings, cur.ablation))
     elif view == "Ablation diff":
         base = resources.run(path, mtime, prompt, settings, Ablation())
         eff = None if cur.ablation.is_empty else resources.effects(path, mtime, tuple(base.ids), cur.ablation,

@@ -72,6 +72,14 @@ def run(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: A
     return run_prompt(model, tok, prompt, settings=settings, ablation=ablation, model_name=Path(path).name)
 
 
+@st.cache_resource(max_entries=64, show_spinner=False)
+def routing_figures(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation):
+    """The Routing view's figures of a run (choice heatmaps stacked), built once per run: switching
+    an ablation back, or views, redraws them without rebuilding. Read-only once made."""
+    from .views import routing
+    return routing.figures(run(path, mtime, prompt, settings, ablation), load(path, mtime)[0], stacked=True)
+
+
 @st.cache_resource(max_entries=64, show_spinner="Preparing the export…")
 def export_bytes(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation) -> dict[str, bytes]:
     """The routing table of a run as CSV and Parquet bytes (built once per run)."""

@@ -60,7 +60,8 @@ def streamlit_command(main: str, args: argparse.Namespace, env: dict[str, str]) 
     cmd = [sys.executable, "-m", "streamlit", "run", main, "--server.port", str(args.port),
            "--server.headless", "true" if headless else "false", "--server.showEmailPrompt", "false",
            "--browser.gatherUsageStats", "false",
-           "--client.disableDataExport", "true"]  # st.dataframe's own CSV download skips our CSV writer
+           "--client.disableDataExport", "true",  # st.dataframe's own CSV download skips our CSV writer
+           "--runner.postScriptGC", "false"]  # a full collection after each run delays its last messages
     if args.address:
         cmd += ["--server.address", args.address]
     return cmd

@@ -13,21 +13,33 @@ from core_models.base import RouteScopeLM
 from ..components import figures as F
 
 
-def figures(run: Run, model: RouteScopeLM) -> dict[str, go.Figure]:
+STACKED = "routes"  # the name of the stacked choice heatmaps (figures(..., stacked=True))
+
+
+def figures(run: Run, model: RouteScopeLM, *, stacked: bool = False) -> dict[str, go.Figure]:
+    """Every figure of the run's routing views, by name. The choice heatmaps (the option picked per
+    layer and token) are one figure each, or with `stacked` the rows of one figure `STACKED` when
+    there are several (the view draws that; the export tab offers each alone)."""
     v, toks, n_prompt = run.views, run.display_tokens(), run.n_prompt
     labels = model.option_labels()
-    figs: dict[str, go.Figure] = {}
+    grids: dict[str, F.ChoiceGrid] = {}
     if v.options is not None:
-        figs["option_choice"] = F.choice_figure(v.options, toks, labels, n_prompt)
+        grids["option_choice"] = F.choice_grid(v.options, toks, labels)
+    if v.gumbel is not None:
+        grids["gumbel_routes"] = F.gumbel_grid(v.gumbel, toks, labels)
+    if v.cosine is not None and len(v.cosine):
+        grids["cosine_dominance"] = F.cosine_grid(v.cosine, toks, labels)
+    if v.topk is not None:
+        grids["topk_routes"] = F.topk_grid(v.topk, toks, labels)
+    figs: dict[str, go.Figure] = {}
+    if stacked and len(grids) > 1:
+        figs[STACKED] = F.stacked_choice_heatmaps(list(grids.values()), toks, n_prompt)
+    else:
+        figs.update({name: F.choice_heatmap(g, toks, n_prompt) for name, g in grids.items()})
+    if v.options is not None:
         for layer, m in model.routing_modules.items():
             if v.options[C.LAYER].eq(layer).any() and m.n_options > 1:
                 figs[f"option_weights_{layer}"] = F.option_weights_figure(v.options, layer, toks, n_prompt)
-    if v.gumbel is not None:
-        figs["gumbel_routes"] = F.gumbel_figure(v.gumbel, toks, labels, n_prompt)
-    if v.cosine is not None and len(v.cosine):
-        figs["cosine_dominance"] = F.cosine_figure(v.cosine, toks, labels, n_prompt)
-    if v.topk is not None:
-        figs["topk_routes"] = F.topk_figure(v.topk, toks, labels, n_prompt)
     if v.utilisation is not None:
         u = v.utilisation.assign(**{C.LABEL: [labels[l][o] for l, o in zip(v.utilisation[C.LAYER],
                                                                              v.utilisation[C.OPTION])]})
@@ -63,8 +75,8 @@ def figures(run: Run, model: RouteScopeLM) -> dict[str, go.Figure]:
     return figs
 
 
-def show(run: Run, model: RouteScopeLM) -> dict[str, go.Figure]:
-    figs = figures(run, model)
+def show(run: Run, figs: dict[str, go.Figure]) -> dict[str, go.Figure]:
+    """Draw `figs` (`figures(run, model, stacked=True)`, cached with the run by app.resources)."""
     if not figs:
         st.info(f"{run.family} has no routing to show: it is a dense model, or its routing layers record "
                 f"nothing this view can draw.")

@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 from analysis.catalog import checkpoint_roots, list_checkpoints
 from analysis.columns import EXPORT_SCHEMA
 from app import state as K
+from charts import heatmap_titles
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 CHECKPOINTS = [c for c in list_checkpoints(checkpoint_roots()) if c.problem is None]
@@ -86,7 +87,9 @@ def test_first_load_is_usable():
     assert len(at.get("plotly_chart")) == 1  # the next-token candidates chart
     view(at, "Routing")
     ok(at)
-    assert len(at.get("plotly_chart")) >= 2  # Gumbel routes and cosine dominance heatmaps
+    assert heatmap_titles(at) == ["Gumbel route per token (noise-free probabilities on hover)",
+                                  "Cosine dominance: the output most aligned with the combined output"]
+
 
 
 @pytest.mark.parametrize("name", ["Routing", "Ablation diff", "Attribution", "Table 6", "Export"])

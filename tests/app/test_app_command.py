@@ -71,6 +71,7 @@ def test_streamlit_command_never_prompts_and_opens_a_browser_only_on_a_display(d
     assert options["--server.showEmailPrompt"] == "false" and options["--browser.gatherUsageStats"] == "false"
     assert options["--server.headless"] == headless and options["--server.port"] == "8599"
     assert options["--client.disableDataExport"] == "true"
+    assert options["--runner.postScriptGC"] == "false"  # a full gc.collect(2) per run delayed its figures ~120 ms
 
 
 def _children(pid: int) -> list[int]:
@@ -111,3 +112,12 @@ def test_stopping_routescope_app_stops_its_streamlit_server(tmp_path, sig):
         assert not _running(servers[0]), f"streamlit {servers[0]} outlived routescope"
         with pytest.raises(OSError):
             urllib.request.urlopen(url + "/_stcore/health", timeout=2)
+
+
+def test_streamlit_run_from_the_repository_skips_the_collection_after_each_run():
+    """`streamlit run app/main.py` from the repository reads .streamlit/config.toml: the same choice
+    as `routescope app` (Python's own collector still runs)."""
+    import tomllib
+
+    config = tomllib.loads((Path(__file__).resolve().parents[2] / ".streamlit" / "config.toml").read_text("utf-8"))
+    assert config["runner"]["postScriptGC"] is False
