@@ -9,19 +9,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 ORDER = ["llama-dense", "pagmlp", "path-story", "path-math", "papaformer-share-linear", "papaformer-gumbel-v1",
          "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny"]
+BASELINE = "llama-dense"  # the dense model every parallel one is compared with
+GOAL = 0.15  # issue 12: every parallel model within 15% of the baseline's validation loss, per domain
 ROUTES_BLOCK = "<!-- routes-table:start -->"  # scripts/routes_table.py owns the README from here on; kept as is
 
 
 def main(root: Path = ROOT) -> int:
     rows = []
+    base = json.loads((root / BASELINE / "training.json").read_text())["val_loss"] \
+        if (root / BASELINE / "training.json").is_file() else None
     names = sorted((d.name for d in root.iterdir() if (d / "training.json").is_file()),
                    key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
     for name in names:
         s = json.loads((root / name / "training.json").read_text())
-        family = json.loads((root / name / "config.json").read_text())["family"]
+        config = json.loads((root / name / "config.json").read_text())
+        family = config["family"]
         init = s["train"].get("init_from")
+        parallel = family != "llama" or config.get("ffn") == "pagmlp"  # the paths and the baseline are dense
+        if parallel and base:
+            gaps = [s["val_loss"][d] / base[d] - 1 for d in ("story", "math")]
+            vs = " / ".join(f"{g:+.1%}" for g in gaps) + (" ✓" if max(gaps) <= GOAL else " ✗")
+        else:
+            vs = ""
         rows.append(f"| [{name}]({name}/README.md) | {family} | {s['val_loss']['story']:.3f} | {s['val_loss']['math']:.3f} "
-                    f"| {s['params_total']:,} | {s['params_active']:,} | {s['steps']} | {s['tokens']:,} "
+                    f"| {vs} | {s['params_total']:,} | {s['params_active']:,} | {s['steps']} | {s['tokens']:,} "
                     f"| {s['wall_seconds'] / 60:.1f} | {'composed from path-story + path-math' if init else ''} |")
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / 2**20
     text = f"""# Shipped checkpoints
@@ -33,8 +44,12 @@ tokens for every model). Each directory's README.md has the exact command and tr
 Total size: {size:.1f} MB. This table is written by `scripts/checkpoint_table.py` from each
 checkpoint's `training.json`.
 
-| checkpoint | family | val loss story | val loss math | params | active/token | steps | tokens | minutes | note |
-|---|---|---|---|---|---|---|---|---|---|
+"vs {BASELINE}": each parallel model's validation loss relative to {BASELINE}'s, story / math;
+✓ when both are within {GOAL:.0%} (the goal of issue 12, on the same validation tokens). Models may
+train for more steps than {BASELINE} to get there: the tokens column says how many each saw.
+
+| checkpoint | family | val loss story | val loss math | vs {BASELINE} | params | active/token | steps | tokens | minutes | note |
+|---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
     old = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
     if ROUTES_BLOCK in old:
