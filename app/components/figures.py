@@ -39,7 +39,7 @@ def token_ticks(tokens: list[str]) -> tuple[list[int], list[str]]:
 
 def _axis(fig: go.Figure, tokens: list[str], n_prompt: int | None, rows: int = 1) -> None:
     """Token labels on the x axis (the bottom one of stacked rows), and the prompt | generated line
-    in every row, labelled once at the top."""
+    in every row."""
     vals, ticks = token_ticks(tokens)
     fig.update_xaxes(tickmode="array", tickvals=vals, ticktext=ticks, tickangle=-60, tickfont=dict(size=10))
     if n_prompt is not None and 0 < n_prompt < len(tokens):  # prompt | generated boundary
@@ -47,10 +47,8 @@ def _axis(fig: go.Figure, tokens: list[str], n_prompt: int | None, rows: int = 1
         if rows == 1:
             fig.add_vline(**line, annotation=dict(text="generated →", font=dict(size=10, color="#444")),
                           annotation_position="top right")
-        else:
+        else:  # unlabelled: a label would cross the row titles; the app's caption (DIVIDER_LEGEND) says it
             fig.add_vline(**line, row="all", col=1)
-            fig.add_annotation(x=n_prompt - 0.5, y=1, xref="x", yref="paper", xanchor="left", yanchor="bottom",
-                               text="generated →", showarrow=False, font=dict(size=10, color="#444"))
 
 
 def has_divider(fig: go.Figure) -> bool:
