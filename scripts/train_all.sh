@@ -61,7 +61,10 @@ for comb in share_linear gumbel_v1 gumbel_v2; do
 done
 train llama-dense llama-dense story=0.5,math=0.5 300
 train pagmlp pagmlp story=0.5,math=0.5 300
-train pgpt pgpt story=0.5,math=0.5 300
-train moep moep story=0.5,math=0.5 250
-train moep-swiglu moep-swiglu story=0.5,math=0.5 250
-train wiola-tiny wiola-tiny story=0.5,math=0.5 200
+# GPT-2-style blocks (learned positions, LayerNorm, GELU: pgpt, moep) need more steps than llama-dense's
+# RoPE blocks to reach its loss here (checkpoints/experiments/parallel-quality.md); wiola too
+long=(--max-minutes "${MAX_MINUTES:-90}")
+train pgpt pgpt story=0.5,math=0.5 600 "${long[@]}"
+train moep moep story=0.5,math=0.5 1000 "${long[@]}"
+train moep-swiglu moep-swiglu story=0.5,math=0.5 1000 "${long[@]}"
+train wiola-tiny wiola-tiny story=0.5,math=0.5 600 "${long[@]}"
