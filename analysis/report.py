@@ -1,18 +1,21 @@
-"""Routing report of a PaPaformer checkpoint: one self-contained HTML page (plotly.js embedded).
+"""Routing report of a checkpoint with per-token routes (PaPaformer, MoEP): one self-contained HTML
+page (plotly.js embedded).
 
 Sections, each built from the analyses it names:
-1. Route shares by domain: per parallel layer, the share of validation tokens of each domain that
-   take each route (`domain.token_routes`: the Gumbel router's choice, or Share-Linear's
-   highest-cosine path; tokens whose route is undefined are left out).
-2. Routing accuracy: the Table 6 probes against the paper's routes and the held-out probes
-   (`domain.probe_routes`, `route_summary`, `paper_routes`), at the last prompt token and by
-   majority over the prompt's tokens.
+1. Route shares by domain: per routing layer, the share of validation tokens of each domain that
+   take each route (`RouteReader`: PaPaformer: `domain.token_routes`, the Gumbel router's choice or
+   Share-Linear's highest-cosine path, tokens whose route is undefined left out; MoEP: the top-k
+   router's first choice, `routing.topk_routes` rank 0).
+2. Routing accuracy (PaPaformer): the Table 6 probes against the paper's routes and the held-out
+   probes (`domain.probe_routes`, `route_summary`, `paper_routes`), at the last prompt token and by
+   majority over the prompt's tokens. MoEP's paper prints no expected routes: the section says so.
 3. Route-selective tokens: per layer, the token ids (seen at least `min_count` times in the
    validation text) whose route distribution is furthest, in total variation, from the layer's
    distribution over all tokens: TV = 1/2 sum_r |p_token(r) - p_layer(r)|, 0 = routed like any
    token, 1 = routes the layer never uses otherwise.
-4. Dropping each option: validation loss per domain with option j dropped in every parallel layer
-   (`Ablation(drop=(("*", j),))`: path j not run, or the combined representation forbidden)
+4. Dropping each option: validation loss per domain with option j dropped in every routing layer
+   (`Ablation(drop=(("*", j),))`: path j not run, or the combined representation forbidden; MoEP:
+   expert j of moe_shrink / moe_grow and block j of every parallel layer never selected)
    beside the unablated loss, and the mean KL(base || dropped) of the next-token distributions
    (`effects.ablation_effects`).
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,6 +44,7 @@ from core_models.runtime import Ablation, tracing
 from . import columns as C
 from . import domain as D
 from .effects import ablation_effects
+from .routing import topk_routes
 
 HELDOUT_PROBES = Path(__file__).parent / "data" / "heldout_probes.tsv"
 PROBE_SETS = {"Table 6": D.DEFAULT_PROBES, "held-out": HELDOUT_PROBES}
@@ -60,10 +65,68 @@ class ReportData:
     config: dict[str, Any]
     settings: dict[str, Any]
     shares: pd.DataFrame  # domain, layer, route, label, count, share
-    accuracy: pd.DataFrame  # probe_set, route_at, source, metric, value
+    accuracy: pd.DataFrame  # probe_set, route_at, source, metric, value (empty: no paper routes to compare)
     probe_tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # "Table 6, last" -> domain.table6
     selective: pd.DataFrame = field(default_factory=pd.DataFrame)  # layer, token_id, token, count, ...
     drops: pd.DataFrame = field(default_factory=pd.DataFrame)  # dropped, label, domain, loss, base_loss, ...
+
+
+# --- reading a family's routes ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RouteReader:
+    """How a family's per-token routes are read: its routing layers (forward order), the label of
+    each 1-based route r (= option r - 1), the sites to trace, and `routes(trace)` -> (L, B, T)
+    1-based routes, 0 where undefined. `paper_probes`: Table 6 accuracy applies (PaPaformer)."""
+
+    layers: list[str]
+    labels: list[str]
+    sites: list[str]
+    routes: Callable[[Any], np.ndarray]
+    description: str  # for the page: the model and how a route is read
+    paper_probes: bool
+
+
+def route_reader(model: Any) -> RouteReader:
+    """The RouteReader of `model`, or ValueError naming the families a report supports."""
+    cfg = model.config
+    if cfg.family == "papaformer":
+        return RouteReader(
+            [f"parallel.{i}" for i in range(cfg.n_parallel_layers)], route_labels(cfg), D.route_sites(cfg),
+            lambda tr: D.token_routes(tr, cfg),
+            f"PaPaformer, combiner <b>{html.escape(cfg.combiner)}</b>, {cfg.n_parallel_layers} parallel layers of "
+            f"{cfg.n_paths} paths. A route is the Gumbel router's choice, or Share-Linear's path whose output has "
+            "the highest cosine with the combined output (undefined routes left out). Routes are 1-based like "
+            "the paper (route r = path r - 1).", paper_probes=True)
+    if cfg.family == "moep":
+        layers = list(model.routing_layers())
+        labels = option_labels_across(model, layers)
+
+        def routes(tr: Any) -> np.ndarray:
+            first = topk_routes(tr)
+            first = first[first[C.RANK] == 0]
+            B, T = int(first[C.BATCH].max()) + 1, int(first[C.POSITION].max()) + 1
+            out = np.zeros((len(layers), B, T), dtype=np.int64)
+            li = first[C.LAYER].map({l: i for i, l in enumerate(layers)}).to_numpy()
+            out[li, first[C.BATCH].to_numpy(), first[C.POSITION].to_numpy()] = first[C.OPTION].to_numpy() + 1
+            return out
+
+        return RouteReader(
+            layers, labels, [f"{l}.router.{x}" for l in layers for x in ("indices", "weights", "probs")], routes,
+            f"MoEP, {cfg.expert} experts: moe_shrink and moe_grow pick top-{cfg.expert_top_k} of {cfg.n_experts} "
+            f"experts, each of {cfg.n_parallel_layers} parallel layers top-{cfg.top_k} of {cfg.n_blocks} blocks. A "
+            "token's route is its router's first choice (the largest weight). Options are numbered from 0 as in "
+            "the app and ablation specs.", paper_probes=False)
+    raise ValueError(f"a routing report needs per-token routes (papaformer, moep); {cfg.family} has none "
+                     f"(pgpt mixes its paths by one learned weight per call; wiola and llama do not route)")
+
+
+def option_labels_across(model: Any, layers: Sequence[str]) -> list[str]:
+    """Label of option j over `layers`: their own label where they agree, else every distinct one
+    ("expert 0 / block 0")."""
+    labels = model.option_labels()
+    n = max(len(labels[l]) for l in layers)
+    return [" / ".join(dict.fromkeys(labels[l][j] for l in layers if j < len(labels[l]))) for j in range(n)]
 
 
 # --- pure parts ------------------------------------------------------------------------------------
@@ -75,22 +138,22 @@ def route_labels(config: Any) -> list[str]:
         (["combined"] if config.combiner != "share_linear" else [])
 
 
-def route_shares(routes: dict[str, np.ndarray], labels: Sequence[str]) -> pd.DataFrame:
-    """routes: domain -> (L, N, T) 1-based routes of every validation token (0 = undefined). Per
-    domain, layer and route: tokens taking it and their share of the layer's defined routes (NaN
-    when a layer has none)."""
+def route_shares(routes: dict[str, np.ndarray], labels: Sequence[str], layers: Sequence[str]) -> pd.DataFrame:
+    """routes: domain -> (L, N, T) 1-based routes of every validation token (0 = undefined) in
+    `layers`. Per domain, layer and route: tokens taking it and their share of the layer's defined
+    routes (NaN when a layer has none)."""
     rows = []
     for dom, r in routes.items():
         for i in range(r.shape[0]):
             counts = np.bincount(r[i].ravel(), minlength=len(labels) + 1)[1:len(labels) + 1]
             n = counts.sum()
-            rows += [(dom, f"parallel.{i}", k + 1, labels[k], int(counts[k]), counts[k] / n if n else math.nan)
+            rows += [(dom, layers[i], k + 1, labels[k], int(counts[k]), counts[k] / n if n else math.nan)
                      for k in range(len(labels))]
     return pd.DataFrame(rows, columns=[C.DOMAIN, C.LAYER, C.ROUTE, C.LABEL, C.COUNT, C.SHARE])
 
 
-def selective_tokens(routes: np.ndarray, ids: np.ndarray, labels: Sequence[str], *, min_count: int = 5,
-                     top: int = 10) -> pd.DataFrame:
+def selective_tokens(routes: np.ndarray, ids: np.ndarray, labels: Sequence[str], layers: Sequence[str], *,
+                     min_count: int = 5, top: int = 10) -> pd.DataFrame:
     """routes (L, N, T) 1-based (0 = undefined), ids (N, T) token ids. Per layer, the `top` token
     ids seen at least `min_count` times (defined routes) whose route distribution is furthest in
     total variation from the layer's over all tokens; ties by count, then token id. Columns: layer,
@@ -110,7 +173,7 @@ def selective_tokens(routes: np.ndarray, ids: np.ndarray, labels: Sequence[str],
         total = counts.sum(1)
         p = counts / total[:, None]
         tv = 0.5 * np.abs(p - layer_p).sum(1)
-        df = pd.DataFrame({C.LAYER: f"parallel.{i}", C.TOKEN_ID: uniq.astype(np.int64), C.COUNT: total.astype(np.int64),
+        df = pd.DataFrame({C.LAYER: layers[i], C.TOKEN_ID: uniq.astype(np.int64), C.COUNT: total.astype(np.int64),
                            TOP_ROUTE: np.array(labels)[p.argmax(1)], TOP_SHARE: p.max(1), SELECTIVITY: tv})
         df = df[df[C.COUNT] >= min_count].sort_values([SELECTIVITY, C.COUNT, C.TOKEN_ID],
                                                       ascending=[False, False, True], kind="stable")
@@ -145,13 +208,15 @@ def _device(model: Any) -> torch.device:
 
 
 @torch.inference_mode()
-def token_routes_of(model: Any, rows: torch.Tensor, batch_size: int = 16) -> np.ndarray:
+def token_routes_of(model: Any, rows: torch.Tensor, batch_size: int = 16,
+                    reader: RouteReader | None = None) -> np.ndarray:
     """(L, N, T) 1-based routes of every input token of `rows` (N, T + 1) (deterministic routing)."""
+    reader = reader or route_reader(model)
     out, rows = [], rows.to(_device(model))
     for k in range(0, len(rows), batch_size):
-        with tracing(D.route_sites(model.config)) as tr:
+        with tracing(reader.sites) as tr:
             model(rows[k:k + batch_size, :-1])
-        out.append(D.token_routes(tr, model.config))
+        out.append(reader.routes(tr))
     return np.concatenate(out, axis=1)
 
 
@@ -168,7 +233,7 @@ def mean_loss(model: Any, rows: torch.Tensor, ablation: Ablation | None = None, 
 
 
 def drop_effects(model: Any, rows: dict[str, torch.Tensor], labels: Sequence[str], batch_size: int = 16) -> pd.DataFrame:
-    """Per option j (dropped in every parallel layer) and domain: validation loss, the unablated
+    """Per option j (dropped in every routing layer) and domain: validation loss, the unablated
     loss, their difference and the mean KL(base || dropped) over every position."""
     base = {d: mean_loss(model, r, None, batch_size) for d, r in rows.items()}
     out = []
@@ -184,19 +249,18 @@ def drop_effects(model: Any, rows: dict[str, torch.Tensor], labels: Sequence[str
 
 def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len: int = 256, min_count: int = 5,
             top: int = 10, probe_sets: dict[str, Any] | None = None, batch_size: int = 16) -> ReportData:
-    """Run every analysis of the report on `model` (a PaPaformer)."""
+    """Run every analysis of the report on `model` (a PaPaformer or a MoEP: `route_reader`)."""
     cfg = model.config
-    D.require_papaformer(cfg)
-    labels = route_labels(cfg)
+    reader = route_reader(model)
     seq_len = min(seq_len, model.context)
     rows = validation_rows(tokenizer, n_docs, seq_len)
-    per_domain = {d: token_routes_of(model, r, batch_size) for d, r in rows.items()}
+    per_domain = {d: token_routes_of(model, r, batch_size, reader) for d, r in rows.items()}
     routes_all = np.concatenate(list(per_domain.values()), axis=1)
     ids_all = np.concatenate([r[:, :-1].numpy() for r in rows.values()])
-    sel = selective_tokens(routes_all, ids_all, labels, min_count=min_count, top=top)
+    sel = selective_tokens(routes_all, ids_all, reader.labels, reader.layers, min_count=min_count, top=top)
     sel.insert(2, C.TOKEN, [tokenizer.decode([int(t)]) for t in sel[C.TOKEN_ID]])
     acc, tables = [], {}
-    for set_name, source in (PROBE_SETS if probe_sets is None else probe_sets).items():
+    for set_name, source in ((PROBE_SETS if probe_sets is None else probe_sets).items() if reader.paper_probes else ()):
         probes = D.read_probes(source)
         paper = D.paper_routes(probes, cfg.combiner)
         for at, majority in ROUTE_AT.items():
@@ -206,10 +270,13 @@ def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len
         if paper is not None:  # the paper printed one route per layer: no last / majority reading
             acc.append(accuracy_table(paper, cfg, probe_set=set_name, route_at=PAPER_READING, source="paper",
                                       n_paths=D.PAPER_N_PATHS))
+    accuracy = pd.concat(acc, ignore_index=True) if acc else \
+        pd.DataFrame(columns=[PROBE_SET, ROUTE_AT_COL, C.SOURCE, C.METRIC, C.VALUE])
     return ReportData(name=name, config=cfg.to_dict(), settings=dict(n_docs=n_docs, seq_len=seq_len,
-                      min_count=min_count, top=top, n_tokens={d: int(r[:, :-1].numel()) for d, r in rows.items()}),
-                      shares=route_shares(per_domain, labels), accuracy=pd.concat(acc, ignore_index=True),
-                      probe_tables=tables, selective=sel, drops=drop_effects(model, rows, labels, batch_size))
+                      min_count=min_count, top=top, n_tokens={d: int(r[:, :-1].numel()) for d, r in rows.items()},
+                      description=reader.description),
+                      shares=route_shares(per_domain, reader.labels, reader.layers), accuracy=accuracy,
+                      probe_tables=tables, selective=sel, drops=drop_effects(model, rows, reader.labels, batch_size))
 
 
 # --- HTML ------------------------------------------------------------------------------------------
@@ -258,18 +325,22 @@ def _figures(data: ReportData) -> list[tuple[str, Any]]:
                                   marker_color=PALETTE[k % len(PALETTE)]), row=1, col=c)
     fig1.update_layout(barmode="stack", height=360, yaxis_tickformat=".0%", title="Route shares of validation tokens")
 
-    wide = accuracy_wide(data.accuracy)
-    fig2 = go.Figure()
-    for src, g in wide.groupby(C.SOURCE, sort=False):
-        fig2.add_trace(go.Bar(x=[f"{p}, {a}" for p, a in zip(g[PROBE_SET], g[ROUTE_AT_COL])], y=g["accuracy"], name=src))
-    fig2.update_layout(barmode="group", height=320, yaxis_tickformat=".0%", yaxis_range=[0, 1],
-                       title="Routing accuracy (routes equal to the probe's expected path)")
+    figs = [("shares", fig1)]
+    if len(data.accuracy):
+        wide = accuracy_wide(data.accuracy)
+        fig2 = go.Figure()
+        for src, g in wide.groupby(C.SOURCE, sort=False):
+            fig2.add_trace(go.Bar(x=[f"{p}, {a}" for p, a in zip(g[PROBE_SET], g[ROUTE_AT_COL])], y=g["accuracy"],
+                                  name=src))
+        fig2.update_layout(barmode="group", height=320, yaxis_tickformat=".0%", yaxis_range=[0, 1],
+                           title="Routing accuracy (routes equal to the probe's expected path)")
+        figs.append(("accuracy", fig2))
 
     fig3 = go.Figure()
     for dom, g in data.drops.groupby(C.DOMAIN, sort=False):
         fig3.add_trace(go.Bar(x=[f"drop {l}" for l in g[C.LABEL]], y=g[DELTA], name=dom))
     fig3.update_layout(barmode="group", height=320, title="Validation loss change when an option is dropped (nats)")
-    return [("shares", fig1), ("accuracy", fig2), ("drops", fig3)]
+    return figs + [("drops", fig3)]
 
 
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2"]
@@ -296,41 +367,44 @@ def render_html(data: ReportData) -> str:
     fig_html = {key: fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"fig-{key}")
                 for i, (key, fig) in enumerate(figs)}
     cfg, st = data.config, data.settings
+    esc = html.escape
     shares = data.shares.pivot_table(index=[C.DOMAIN, C.LAYER], columns=C.LABEL, values=C.SHARE, sort=False,
                                      dropna=False).reset_index()
     shares.columns.name = None
-    wide = accuracy_wide(data.accuracy)
-    pct_cols = [c for c in wide.columns if c not in (PROBE_SET, ROUTE_AT_COL, C.SOURCE, "n_routes")]
-    probe_html = "".join(f"<h3>{html.escape(k)}</h3>{html_table(v)}" for k, v in data.probe_tables.items())
+    if len(data.accuracy):
+        wide = accuracy_wide(data.accuracy)
+        pct_cols = [c for c in wide.columns if c not in (PROBE_SET, ROUTE_AT_COL, C.SOURCE, "n_routes")]
+        probe_html = "".join(f"<h3>{html.escape(k)}</h3>{html_table(v)}" for k, v in data.probe_tables.items())
+        accuracy_html = f"""<p>Accuracy = share of (prompt, layer) routes equal to the prompt's expected path (the
+combined route never counts as correct); "paper" = the routes printed in the paper's Table 6 (its models have 2
+paths).</p>
+{fig_html['accuracy']}
+{html_table(wide, pct=pct_cols)}
+{probe_html}"""
+    else:
+        accuracy_html = (f"<p>Not applicable: the {esc(str(cfg.get('family')))} paper prints no expected route per "
+                         "probe prompt to compare with (Table 6 routes are PaPaformer's).</p>")
     sel = data.selective.assign(**{C.TOKEN: data.selective[C.TOKEN].map(repr)}) if len(data.selective) else data.selective
     drops = data.drops
     n_tok = ", ".join(f"{d} {n:,}" for d, n in st["n_tokens"].items())
-    esc = html.escape
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>RouteScope routing report: {esc(data.name)}</title>
 <style>{_STYLE}</style></head><body>
 <h1>Routing report: {esc(data.name)}</h1>
-<p>PaPaformer, combiner <b>{esc(str(cfg.get('combiner')))}</b>, {cfg.get('n_parallel_layers')} parallel layers of
-{cfg.get('n_paths')} paths. Validation text: the first {st['n_docs']} documents of each domain's fixed validation
-split in rows of {st['seq_len']} tokens ({esc(n_tok)} tokens). Routes are 1-based like the paper.</p>
+<p>{st['description']} Validation text: the first {st['n_docs']} documents of each domain's fixed validation
+split in rows of {st['seq_len']} tokens ({esc(n_tok)} tokens).</p>
 <h2 id="shares">1. Route shares by domain</h2>
-<p>Share of each domain's validation tokens taking each route, per parallel layer (Gumbel: the router's
-choice; Share-Linear: the path whose output has the highest cosine with the combined output; undefined
-routes left out).</p>
+<p>Share of each domain's validation tokens taking each route, per routing layer.</p>
 {fig_html['shares']}
 {html_table(shares, pct=[c for c in shares.columns if c not in (C.DOMAIN, C.LAYER)])}
 <h2 id="accuracy">2. Routing accuracy: Table 6 and held-out probes</h2>
-<p>Accuracy = share of (prompt, layer) routes equal to the prompt's expected path (the combined route never
-counts as correct); "paper" = the routes printed in the paper's Table 6 (its models have 2 paths).</p>
-{fig_html['accuracy']}
-{html_table(wide, pct=pct_cols)}
-{probe_html}
+{accuracy_html}
 <h2 id="selective">3. Route-selective tokens</h2>
 <p>Per layer, the tokens (seen at least {st['min_count']} times) whose routes differ most from the layer's
 routes over all tokens: selectivity = total variation distance, 0 = routed like any token, 1 = disjoint.</p>
 {html_table(sel, pct=[TOP_SHARE])}
 <h2 id="drops">4. Dropping each option</h2>
-<p>Validation loss per domain with the option dropped in every parallel layer, the unablated loss, the
+<p>Validation loss per domain with the option dropped in every routing layer, the unablated loss, the
 change, and the mean KL(base || dropped) of the next-token distributions (nats).</p>
 {fig_html['drops']}
 {html_table(drops)}

@@ -1,6 +1,7 @@
-"""`routescope report`: one self-contained HTML routing report of a PaPaformer checkpoint
-(analysis.report: route shares by domain, Table 6 and held-out accuracy, route-selective tokens,
-the effect of dropping each option on each domain's validation loss)."""
+"""`routescope report`: one self-contained HTML routing report of a checkpoint with per-token routes,
+PaPaformer or MoEP (analysis.report: route shares by domain, Table 6 and held-out accuracy for
+PaPaformer, route-selective tokens, the effect of dropping each option on each domain's validation
+loss)."""
 from __future__ import annotations
 
 import argparse
@@ -14,10 +15,10 @@ from .common import load_with_tokenizer
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("report", help="HTML routing report of a PaPaformer checkpoint (plotly, offline)",
+    r = sub.add_parser("report", help="HTML routing report of a PaPaformer or MoEP checkpoint (plotly, offline)",
                        description="Write one self-contained HTML page: route shares by domain, routing accuracy "
-                                   "on the Table 6 and held-out probes, route-selective tokens, and each "
-                                   "domain's validation loss with each path dropped.")
+                                   "on the Table 6 and held-out probes (PaPaformer), route-selective tokens, and "
+                                   "each domain's validation loss with each path, block or expert dropped.")
     r.add_argument("checkpoint")
     r.add_argument("--out", required=True, metavar="FILE.html")
     r.add_argument("--docs", type=O.positive_int, default=100,
@@ -63,12 +64,11 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis import domain as D
-    from analysis.report import collect, render_html
+    from analysis.report import collect, render_html, route_reader
 
     out = check_html_output(args.out)
     model, tok = load_with_tokenizer(args.checkpoint)
-    D.require_papaformer(model.config)
+    route_reader(model)  # a family without per-token routes is refused before any work
     data = collect(model, tok, name=Path(args.checkpoint).resolve().name, n_docs=args.docs, seq_len=args.seq_len,
                    min_count=args.min_count, top=args.top)
     write_atomically(out, render_html(data))

@@ -33,7 +33,8 @@ def main(root: Path = ROOT) -> int:
             vs = ""
         rows.append(f"| [{name}]({name}/README.md) | {family} | {s['val_loss']['story']:.3f} | {s['val_loss']['math']:.3f} "
                     f"| {vs} | {s['params_total']:,} | {s['params_active']:,} | {s['steps']} | {s['tokens']:,} "
-                    f"| {s['wall_seconds'] / 60:.1f} | {'composed from path-story + path-math' if init else ''} |")
+                    f"| {s['wall_seconds'] / 60:.1f} | {'composed from path-story + path-math' if init else ''} "
+                    f"| {f'[report]({name}/report.html)' if (root / name / 'report.html').is_file() else ''} |")
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / 2**20
     text = f"""# Shipped checkpoints
 
@@ -48,8 +49,8 @@ checkpoint's `training.json`.
 ✓ when both are within {GOAL:.0%} (the goal of issue 12, on the same validation tokens). Models may
 train for more steps than {BASELINE} to get there: the tokens column says how many each saw.
 
-| checkpoint | family | val loss story | val loss math | vs {BASELINE} | params | active/token | steps | tokens | minutes | note |
-|---|---|---|---|---|---|---|---|---|---|---|
+| checkpoint | family | val loss story | val loss math | vs {BASELINE} | params | active/token | steps | tokens | minutes | note | routing report |
+|---|---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
     old = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
     if ROUTES_BLOCK in old:

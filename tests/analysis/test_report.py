@@ -20,7 +20,7 @@ from core_models.checkpoint import load_checkpoint
 SECTIONS = ("shares", "accuracy", "selective", "drops")
 
 
-@pytest.fixture(scope="module", params=["gumbel_v1", "share_linear"])
+@pytest.fixture(scope="module", params=["gumbel_v1", "share_linear", "moep"])
 def made(request, checkpoint):
     path = checkpoint(request.param)
     model, tok = load_checkpoint(path)
@@ -39,39 +39,63 @@ def test_page_has_every_section_and_fetches_nothing(made):
         assert f'<h2 id="{key}">' in page
     assert not re.search(r"<script[^>]*\bsrc\s*=", page, re.I)  # plotly.js inline, no external script
     assert not re.search(r"<link[^>]*\bhref\s*=", page, re.I)
-    assert page.count("Plotly.newPlot") >= 3
+    assert page.count("Plotly.newPlot") == 2 + (not data.accuracy.empty)  # shares, (accuracy,) drops
     assert len(re.findall(r"<script[^>]*>", page)) >= 4 and "plotly.js v" in page  # the bundle itself
     assert _embedded(page)["name"] == data.name
+
+
+def _first_choices(model, tr, layer: str) -> list[int]:
+    """1-based route of every token at `layer`, from the raw recorded tensors: PaPaformer Gumbel:
+    the router's choice; Share-Linear: the path output with the highest float64 cosine with the
+    combined output; MoEP: the largest noise-free router probability (top-k's first choice)."""
+    cfg = model.config
+    if cfg.family == "moep":
+        return (tr[f"{layer}.router.probs"].double().argmax(-1) + 1).ravel().tolist()
+    if cfg.combiner == "share_linear":
+        comb = tr[f"{layer}.combined"].double()
+        cos = torch.stack([F.cosine_similarity(tr[f"{layer}.paths.{j}.out"].double(), comb, dim=-1)
+                           for j in range(cfg.n_paths)])
+        return (cos.argmax(0) + 1).ravel().tolist()
+    return (tr[f"{layer}.router.choice"] + 1).ravel().tolist()
 
 
 def test_route_shares_equal_a_plain_count_of_router_choices(made):
     model, tok, data, page = made
     rows = R.validation_rows(tok, 2, 32)
-    cfg = model.config
-    labels = R.route_labels(cfg)
+    reader = R.route_reader(model)
+    want_layers = [f"parallel.{i}" for i in range(model.config.n_parallel_layers)]
+    if model.config.family == "moep":
+        want_layers = ["moe_shrink", *want_layers, "moe_grow"]
+    assert reader.layers == want_layers and list(dict.fromkeys(data.shares["layer"])) == want_layers
     for dom, r in rows.items():
         with torch.inference_mode(), tracing() as tr:
             model(r[:, :-1])
-        for i in range(cfg.n_parallel_layers):
-            if cfg.combiner == "share_linear":  # dominant = highest cosine of path output with combined
-                comb = tr[f"parallel.{i}.combined"].double()
-                cos = torch.stack([F.cosine_similarity(tr[f"parallel.{i}.paths.{j}.out"].double(), comb, dim=-1)
-                                   for j in range(cfg.n_paths)])
-                routes = (cos.argmax(0) + 1).ravel().tolist()
-            else:
-                routes = (tr[f"parallel.{i}.router.choice"] + 1).ravel().tolist()
+        for layer in want_layers:
+            routes = _first_choices(model, tr, layer)
             counts = Counter(routes)
-            got = data.shares[(data.shares["domain"] == dom) & (data.shares["layer"] == f"parallel.{i}")]
+            got = data.shares[(data.shares["domain"] == dom) & (data.shares["layer"] == layer)]
             for _, row in got.iterrows():
                 assert row["count"] == counts.get(row["route"], 0)
                 assert math.isclose(row["share"], counts.get(row["route"], 0) / len(routes), rel_tol=1e-12)
-            assert list(got["label"]) == labels
+            assert list(got["label"]) == reader.labels
     emb = _embedded(page)["shares"]
     assert [e["count"] for e in emb] == list(data.shares["count"])
 
 
+def test_moep_labels_name_both_option_kinds_and_accuracy_says_not_applicable(checkpoint):
+    model, tok = load_checkpoint(checkpoint("moep"))
+    assert R.route_reader(model).labels == ["expert 0 / block 0", "expert 1 / block 1", "expert 2 / block 2"]
+    data = R.collect(model, tok, name="moep", n_docs=1, seq_len=24, min_count=1, top=2)
+    page = R.render_html(data)
+    assert data.accuracy.empty and data.probe_tables == {} and _embedded(page)["accuracy"] == []
+    assert "Not applicable: the moep paper prints no expected route" in page
+    assert page.count("Plotly.newPlot") == 2  # shares and drops; no accuracy figure
+
+
 def test_accuracy_equals_routes_matching_the_expected_path(made):
     model, tok, data, page = made
+    if model.config.family != "papaformer":
+        pytest.skip("Table 6 accuracy is PaPaformer's (the MoEP case: the test above)")
     for set_name, source in R.PROBE_SETS.items():
         probes = D.read_probes(source)
         for at, majority in R.ROUTE_AT.items():
@@ -98,7 +122,7 @@ def test_drop_losses_equal_a_float64_cross_entropy_with_the_ablation(made):
     for dom, r in rows.items():
         with torch.inference_mode():
             base = F.cross_entropy(model(r[:, :-1]).logits.double().flatten(0, 1), r[:, 1:].flatten()).item()
-        for j in range(model.config.n_options):
+        for j in range(len(R.route_reader(model).labels)):
             ab = Ablation(drop=(("*", j),))
             with torch.inference_mode():
                 logp = torch.log_softmax(model(r[:, :-1], ablation=ab).logits.double(), -1)
@@ -116,8 +140,9 @@ def test_selective_tokens_by_total_variation_from_the_layer(made):
     rows = R.validation_rows(tok, 2, 32)
     per = {d: R.token_routes_of(model, r) for d, r in rows.items()}
     ids = torch.cat([r[:, :-1] for r in rows.values()]).ravel().tolist()
-    n = len(R.route_labels(model.config))
-    for i in range(model.config.n_parallel_layers):
+    reader = R.route_reader(model)
+    n = len(reader.labels)
+    for i, name in enumerate(reader.layers):
         routes = [int(x) for d in per for x in per[d][i].ravel()]
         pairs = [(t, r) for t, r in zip(ids, routes) if r > 0]
         if not pairs:
@@ -128,7 +153,7 @@ def test_selective_tokens_by_total_variation_from_the_layer(made):
             by_tok.setdefault(t, Counter())[r] += 1
         tv = {t: 0.5 * sum(abs(c[r] / sum(c.values()) - layer[r] / len(pairs)) for r in range(1, n + 1))
               for t, c in by_tok.items() if sum(c.values()) >= 2}
-        got = data.selective[data.selective["layer"] == f"parallel.{i}"]
+        got = data.selective[data.selective["layer"] == name]
         best = sorted(tv.values(), reverse=True)[:4]
         assert [round(v, 9) for v in got["selectivity"]] == [round(v, 9) for v in best]
         for t, v in zip(got["token_id"], got["selectivity"]):
@@ -147,6 +172,7 @@ def test_command_writes_the_page_and_refuses_bad_outputs(cli, checkpoint, tmp_pa
         with pytest.raises(ValueError, match=msg):
             cli(["report", ck, "--out", bad])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]  # nothing else written
-    with pytest.raises(ValueError, match="PaPaformer"):
-        cli(["report", checkpoint("llama"), "--out", tmp_path / "x.html"])
+    for other in ("llama", "pgpt"):
+        with pytest.raises(ValueError, match=f"per-token routes \\(papaformer, moep\\); {other}"):
+            cli(["report", checkpoint(other), "--out", tmp_path / "x.html"])
     assert not (tmp_path / "x.html").exists()
