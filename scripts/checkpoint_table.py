@@ -47,7 +47,9 @@ checkpoint's `training.json`.
 
 "vs {BASELINE}": each parallel model's validation loss relative to {BASELINE}'s, story / math;
 ✓ when both are within {GOAL:.0%} (the goal of issue 12, on the same validation tokens). Models may
-train for more steps than {BASELINE} to get there: the tokens column says how many each saw.
+train for more steps than {BASELINE} to get there: the tokens column says how many each saw. At
+equal training tokens the picture differs (GPT-2-style blocks learn slower here than {BASELINE}'s):
+`experiments/parallel-quality.md`.
 
 | checkpoint | family | val loss story | val loss math | vs {BASELINE} | params | active/token | steps | tokens | minutes | note | routing report |
 |---|---|---|---|---|---|---|---|---|---|---|---|
