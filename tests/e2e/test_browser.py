@@ -291,7 +291,8 @@ def test_what_a_new_user_meets(app_url, browser):
     assert "drop *:1" in _caption(page)
     page.get_by_role("radio", name="Routing", exact=True).click()
     page.get_by_text("the prompt ends there").first.wait_for(timeout=60_000)  # the divider's legend
-    page.locator(".js-plotly-plot .annotation-text", has_text="generated").first.wait_for(timeout=60_000)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(p => p.layout && "
+                           "(p.layout.shapes || []).some(s => s.name === 'prompt | generated'))", timeout=60_000)
     page.screenshot(path=str(ARTIFACTS / "06_routing_divider_legend.png"), full_page=True)
 
     page.get_by_role("radio", name="Ablation diff", exact=True).click()
