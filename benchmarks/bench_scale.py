@@ -18,6 +18,7 @@ from benchmarks import common as C
 
 SEQ = 256
 PAPER_SAVING = (0.05, 0.09)
+PAPER_TAU = 0.92  # the paper's merge threshold (the shipped wiola-tiny uses its preset's, 0.6: README deviations)
 
 
 def child(payload: dict) -> dict:
@@ -100,7 +101,7 @@ def atm_sweep(args) -> C.Table:
                  "forward ms, ATM off", "forward ms, ATM on", "on / off"])
     t.add("ATM off", "-", "-", loss(atm=False), "-", "-", "-")
     in_range = []
-    for tau in sorted({0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, model.config.atm_tau}):
+    for tau in sorted({0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, PAPER_TAU, model.config.atm_tau}):
         rows = []
         for d in docs:
             with torch.inference_mode(), tracing(sites) as tr:
@@ -112,7 +113,8 @@ def atm_sweep(args) -> C.Table:
                                "on": lambda tau=tau: model(longest, atm=True, atm_tau=tau)}, C.reps(args, 20, 2))
         if PAPER_SAVING[0] <= float(df[COL.FLOP_SAVING].mean()) <= PAPER_SAVING[1]:
             in_range.append(tau)
-        t.add(f"{tau:.2f}" + (" (default)" if tau == model.config.atm_tau else ""),
+        t.add(f"{tau:.2f}" + (" (the model's)" if tau == model.config.atm_tau else "")
+              + (" (the paper's)" if tau == PAPER_TAU else ""),
               C.fmt(float(df[COL.MU].mean()), "%"), C.fmt(float(df[COL.FLOP_SAVING].mean()), "%"),
               loss(atm=True, atm_tau=tau), C.ms(s["off"]), C.ms(s["on"]), C.fmt(C.ratio(s["on"], s["off"]), "x"))
     t.notes.append(f"ATM merges in blocks {list(model.config.atm_layers)}; forward times on the longest document "
@@ -144,22 +146,23 @@ def atm_cosines(args) -> C.Table:
             frames.append(atm_merges(tr))
     df = pd.concat(frames, ignore_index=True).dropna(subset=[COL.ADJACENT_COS])
     qs = (0.5, 0.9, 0.95, 0.99)
+    cuts = sorted({model.config.atm_tau, PAPER_TAU, 0.6, 0.8})
     t = C.Table(f"Adjacent-token cosine cos(x_t, x_t+1) at the ATM layers of wiola-tiny ({source}), "
                 f"{2 * n_docs} validation documents",
-                ["layer", "pairs", *[f"p{round(q * 100)}" for q in qs], "max",
-                 f"share > tau {model.config.atm_tau}"] + [f"share > {x}" for x in (0.6, 0.8)])
+                ["layer", "pairs", *[f"p{round(q * 100)}" for q in qs], "max"]
+                + [f"share > {x:g}" + (" (model's tau)" if x == model.config.atm_tau else "")
+                   + (" (paper's tau)" if x == PAPER_TAU else "") for x in cuts])
     for layer, g in [*df.groupby(COL.LAYER, sort=True), ("all", df)]:
         c = g[COL.ADJACENT_COS].to_numpy(dtype=float)
         t.add(layer, str(len(c)), *[float(np.quantile(c, q)) for q in qs], float(c.max()),
-              C.fmt(float((c > model.config.atm_tau).mean()), "%"),
-              *[C.fmt(float((c > x).mean()), "%") for x in (0.6, 0.8)])
+              *[C.fmt(float((c > x).mean()), "%") for x in cuts])
     t.notes.append("a pair merges when its cosine exceeds tau (greedily, left to right), so the share above tau "
                    "bounds the merge ratio mu; the attention-FLOP saving is mu (2 - mu)")
     t.notes.append("why so few merge at the paper's tau: this model's adjacent hidden states are far apart (see the "
                    "median); larger models' contextual representations are known to be much more alike "
                    "(anisotropic: Ethayarajh, EMNLP 2019, found the representations of randomly sampled words highly "
-                   "similar by cosine, most of all in GPT-2's upper layers), the regime a 0.92 threshold suits. Training with ATM at a lower tau: "
-                   "checkpoints/experiments/atm-merging.md")
+                   "similar by cosine, most of all in GPT-2's upper layers), the regime a 0.92 threshold suits. Trained "
+                   "with merges at tau 0.6 instead (the shipped wiola-tiny): checkpoints/experiments/atm-merging.md")
     return t
 
 
@@ -176,7 +179,9 @@ def run(args) -> C.Report:
     rep.tables.append(t)
     atm, saving = atm_rates(args)
     rep.tables += [atm, atm_cosines(args), atm_sweep(args)]
-    rep.goals.append(C.Goal("7.atm", "ATM attention-FLOP saving mu(2-mu) on wiola-tiny vs the paper's 5-9%", "in",
+    rep.goals.append(C.Goal("7.atm", "ATM attention-FLOP saving mu(2-mu) on wiola-tiny at its tau "
+                            f"({C.model_for('wiola-tiny')[0].config.atm_tau:g}; the paper's {PAPER_TAU:g}) vs the "
+                            "paper's 5-9%", "in",
                             PAPER_SAVING, saving, unit="%", note="a comparison with the paper, not a speed goal"))
     return rep
 

@@ -527,5 +527,6 @@ def test_wiola_rmsnorm_offset():
 
 def test_registry_tiny_preset_roundtrip():
     cfg = from_name("wiola-tiny", n_layers=3)
-    assert cfg == WiolaConfig(n_layers=3)
+    assert cfg == WiolaConfig(n_layers=3, atm_tau=0.6)  # the tiny preset's merge threshold (registry comment)
+    assert WiolaConfig().atm_tau == 0.92  # the paper's, kept by the config and the paper-scale presets
     assert WiolaConfig.from_dict(cfg.to_dict()) == cfg
