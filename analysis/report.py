@@ -44,7 +44,7 @@ from core_models.runtime import Ablation, tracing
 from . import columns as C
 from . import domain as D
 from .effects import ablation_effects
-from .routing import topk_routes
+from .routing import option_names, topk_routes
 
 HELDOUT_PROBES = Path(__file__).parent / "data" / "heldout_probes.tsv"
 PROBE_SETS = {"Table 6": D.DEFAULT_PROBES, "held-out": HELDOUT_PROBES}
@@ -100,7 +100,7 @@ def route_reader(model: Any) -> RouteReader:
             "the paper (route r = path r - 1).", paper_probes=True)
     if cfg.family == "moep":
         layers = list(model.routing_layers())
-        labels = option_labels_across(model, layers)
+        labels = option_names(model.option_labels(), layers)
 
         def routes(tr: Any) -> np.ndarray:
             first = topk_routes(tr)
@@ -119,14 +119,6 @@ def route_reader(model: Any) -> RouteReader:
             "the app and ablation specs.", paper_probes=False)
     raise ValueError(f"a routing report needs per-token routes (papaformer, moep); {cfg.family} has none "
                      f"(pgpt mixes its paths by one learned weight per call; wiola and llama do not route)")
-
-
-def option_labels_across(model: Any, layers: Sequence[str]) -> list[str]:
-    """Label of option j over `layers`: their own label where they agree, else every distinct one
-    ("expert 0 / block 0")."""
-    labels = model.option_labels()
-    n = max(len(labels[l]) for l in layers)
-    return [" / ".join(dict.fromkeys(labels[l][j] for l in layers if j < len(labels[l]))) for j in range(n)]
 
 
 # --- pure parts ------------------------------------------------------------------------------------

@@ -111,6 +111,16 @@ def gumbel_routes(trace: Trace, model: RouteScopeLM, *, n_samples: int = 0, seed
 
 # --- any routing layer: its option weights -----------------------------------------------------
 
+def option_names(labels: dict[str, list[str]], layers: Sequence[str] | None = None,
+                 n: int | None = None) -> list[str]:
+    """Label of option j over `layers` (default: every layer in `labels`, as
+    `RouteScopeLM.option_labels()` gives them): the layers' own label where they agree ("path 0"),
+    else every distinct one ("expert 0 / block 0"); j < n (default: the most options of any layer)."""
+    layers = list(labels) if layers is None else layers
+    n = max((len(labels[l]) for l in layers), default=1) if n is None else n
+    return [" / ".join(dict.fromkeys(labels[l][j] for l in layers if j < len(labels[l]))) for j in range(n)]
+
+
 def option_weights(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     """Per batch row, position, routing layer that records `<layer>.option_weights` ([batch, pos,
     n_options], core_models.sites.OPTION_WEIGHTS) and option: its label, its weight in the call, and

@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from analysis import columns as C
+from analysis.routing import option_names
 
 # one colour per option index (option 0 blue, option 1 orange, ...), used for nothing else
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
@@ -54,13 +55,6 @@ def _axis(fig: go.Figure, tokens: list[str], n_prompt: int | None, rows: int = 1
 def has_divider(fig: go.Figure) -> bool:
     """Whether the figure marks where the prompt ends (DIVIDER_LEGEND explains the line)."""
     return any(getattr(shape, "name", None) == "prompt | generated" for shape in fig.layout.shapes)
-
-
-def option_names(labels: dict[str, list[str]], layers: list[str]) -> list[str]:
-    """Colour-bar label of each option index over `layers`: the layers' own label where they agree
-    ("path 0"), else every distinct one ("expert 0 / block 0")."""
-    n = max((len(labels[l]) for l in layers), default=1)
-    return [" / ".join(dict.fromkeys(labels[l][j] for l in layers if j < len(labels[l]))) for j in range(n)]
 
 
 def _fixed_margins(fig: go.Figure, rows: list[str]) -> None:

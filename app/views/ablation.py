@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from analysis.routing import option_names
 from core_models.base import RouteScopeLM
 from core_models.runtime import ALL_LAYERS, Ablation
 
@@ -26,12 +27,6 @@ def reset_for(path: str) -> None:
         st.session_state[K.ABLATION_OWNER] = path
 
 
-def _global_labels(labels: dict[str, list[str]], n: int) -> list[str]:
-    """Label of option j across every layer: the layers' own where they agree ("path 0"), else
-    every distinct one ("expert 0 / block 0")."""
-    return [" / ".join(dict.fromkeys(ls[j] for ls in labels.values())) for j in range(n)]
-
-
 def controls(model: RouteScopeLM, scope: str) -> Ablation:
     """The ablation the widgets describe; `scope`: the checkpoint's path (part of every key)."""
     layers = model.routing_layers()
@@ -40,7 +35,7 @@ def controls(model: RouteScopeLM, scope: str) -> Ablation:
         return Ablation()
     labels = model.option_labels()
     n_global = min(layers.values())
-    names = _global_labels(labels, n_global)
+    names = option_names(labels, n=n_global)
     drop, force = [], []
     keep = st.selectbox("Keep only", [ALL] + list(range(n_global)), key=K.keep_only_key(scope),
                         format_func=lambda j: j if j == ALL else f"{names[j]} (drop the others everywhere)",
@@ -72,7 +67,7 @@ def describe(ablation: Ablation, model: RouteScopeLM) -> str:
 
     def word(layer: str, o: int) -> str:
         if layer == ALL_LAYERS:
-            return f"{_global_labels(labels, o + 1)[o]} everywhere"
+            return f"{option_names(labels, n=o + 1)[o]} everywhere"
         return f"{labels[layer][o]} of {layer}"
 
     words = [f"drop {word(l, o)}" for l, o in ablation.drop] + [f"force {word(l, o)}" for l, o in ablation.force]
