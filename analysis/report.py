@@ -5,7 +5,7 @@ Sections, each built from the analyses it names:
 1. Route shares by domain: per routing layer, the share of validation tokens of each domain that
    take each route (`RouteReader`: PaPaformer: `domain.token_routes`, the Gumbel router's choice or
    Share-Linear's highest-cosine path, tokens whose route is undefined left out; MoEP: the top-k
-   router's first choice, `routing.topk_routes` rank 0).
+   router's first choice, its recorded top-k indices being best first).
 2. Routing accuracy (PaPaformer): the Table 6 probes against the paper's routes and the held-out
    probes (`domain.probe_routes`, `route_summary`, `paper_routes`), at the last prompt token and by
    majority over the prompt's tokens. MoEP's paper prints no expected routes: the section says so.
@@ -44,7 +44,7 @@ from core_models.runtime import Ablation, tracing
 from . import columns as C
 from . import domain as D
 from .effects import ablation_effects
-from .routing import option_names, topk_routes
+from .routing import option_names
 
 HELDOUT_PROBES = Path(__file__).parent / "data" / "heldout_probes.tsv"
 PROBE_SETS = {"Table 6": D.DEFAULT_PROBES, "held-out": HELDOUT_PROBES}
@@ -102,17 +102,11 @@ def route_reader(model: Any) -> RouteReader:
         layers = list(model.routing_layers())
         labels = option_names(model.option_labels(), layers)
 
-        def routes(tr: Any) -> np.ndarray:
-            first = topk_routes(tr)
-            first = first[first[C.RANK] == 0]
-            B, T = int(first[C.BATCH].max()) + 1, int(first[C.POSITION].max()) + 1
-            out = np.zeros((len(layers), B, T), dtype=np.int64)
-            li = first[C.LAYER].map({l: i for i, l in enumerate(layers)}).to_numpy()
-            out[li, first[C.BATCH].to_numpy(), first[C.POSITION].to_numpy()] = first[C.OPTION].to_numpy() + 1
-            return out
+        def routes(tr: Any) -> np.ndarray:  # (L, B, T): top-k indices are best first
+            return np.stack([tr[f"{l}.router.indices"][..., 0].cpu().numpy() for l in layers]).astype(np.int64) + 1
 
         return RouteReader(
-            layers, labels, [f"{l}.router.{x}" for l in layers for x in ("indices", "weights", "probs")], routes,
+            layers, labels, [f"{l}.router.indices" for l in layers], routes,
             f"MoEP, {cfg.expert} experts: moe_shrink and moe_grow pick top-{cfg.expert_top_k} of {cfg.n_experts} "
             f"experts, each of {cfg.n_parallel_layers} parallel layers top-{cfg.top_k} of {cfg.n_blocks} blocks. A "
             "token's route is its router's first choice (the largest weight). Options are numbered from 0 as in "
