@@ -32,8 +32,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from core_models.devices import model_device
-from core_models.runtime import Ablation
+from routescope.core_models.devices import model_device
+from routescope.core_models.runtime import Ablation
 
 from . import columns as C
 

@@ -48,7 +48,7 @@ class ExportJob:
 
     def ablation(self, model: Any):
         """The job's Ablation, checked against the model's routing layers."""
-        from core_models import Ablation
+        from routescope.core_models import Ablation
 
         if not model.routing_layers():
             raise ValueError(f"family {model.config.family!r} has no routing layers to export")
@@ -82,8 +82,8 @@ def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> 
     """Prompt-only rows of one batch (module doc: padding, and when prompts run alone)."""
     import torch
 
-    from core_models import tracing
-    from analysis.table import ExportMeta, RowMeta, routing_table
+    from routescope.core_models import tracing
+    from routescope.analysis.table import ExportMeta, RowMeta, routing_table
 
     alone = job.routing == "sampled" or job.atm
     groups = [[item] for item in batch] if alone else [list(batch)]
@@ -105,8 +105,8 @@ def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> 
 
 
 def _generation(model, pid, ids, decode, ablation, job: ExportJob, name: str) -> pd.DataFrame:
-    from core_models.generate import Sampling, generate
-    from analysis.table import ExportMeta, RowMeta, routing_table
+    from routescope.core_models.generate import Sampling, generate
+    from routescope.analysis.table import ExportMeta, RowMeta, routing_table
 
     g = generate(model, ids, max_new_tokens=job.max_new_tokens, sampling=Sampling(seed=job.seed), top_n=1,
                  ablation=ablation, routing=job.routing, routing_seed=job.seed, trace_sites=None)
@@ -155,7 +155,7 @@ def provenance(checkpoint: str | Path, model: Any, job: ExportJob) -> dict[str, 
     sha256 of its weights), the parameters' dtype, the job's settings and the RouteScope version.
     The same for every engine, device and partition, so files of one export agree and a rerun can
     tell its own."""
-    from core_models.checkpoint import WEIGHTS
+    from routescope.core_models.checkpoint import WEIGHTS
 
     try:
         version = metadata.version("routescope")

@@ -6,7 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENV_ROOTS = "ROUTESCOPE_CHECKPOINTS"  # extra roots, separated by os.pathsep
+from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS
+
+from .environment import ENV_ROOTS, extra_roots  # noqa: F401  (ENV_ROOTS: the name callers know)
+
 DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
@@ -23,7 +26,7 @@ class CheckpointInfo:
 
 
 def checkpoint_roots(extra: list[str] | None = None) -> list[Path]:
-    roots = [DEFAULT_ROOT] + [Path(p) for p in os.environ.get(ENV_ROOTS, "").split(os.pathsep) if p]
+    roots = [DEFAULT_ROOT] + [Path(p) for p in extra_roots()]
     roots += [Path(p) for p in extra or []]
     seen, out = set(), []
     for r in roots:
@@ -37,37 +40,37 @@ def checkpoint_roots(extra: list[str] | None = None) -> list[Path]:
 def describe(path: str | os.PathLike) -> CheckpointInfo:
     path = Path(path)
     try:
-        config = json.loads((path / "config.json").read_text())
+        config = json.loads((path / CONFIG).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        return CheckpointInfo(path.name, str(path), "?", problem=f"config.json unreadable ({e})")
+        return CheckpointInfo(path.name, str(path), "?", problem=f"{CONFIG} unreadable ({e})")
     summary = {}
     if (path / "training.json").is_file():
         try:
             summary = json.loads((path / "training.json").read_text())
         except (OSError, json.JSONDecodeError):
             summary = {}
-    problem = None if (path / "model.safetensors").is_file() else "no model.safetensors"
+    problem = None if (path / WEIGHTS).is_file() else f"no {WEIGHTS}"
     family, params = str(config.get("family", "?")) if isinstance(config, dict) else "?", summary.get("params_total")
-    from core_models import config_from_dict, param_count
+    from routescope.core_models import config_from_dict, param_count
     try:
         cfg = config_from_dict(config)
         family = cfg.label  # the one family label (core_models config.label)
         if params is None:  # imported or hand-made: count from the config (no weights read)
             params = param_count(cfg)
     except ValueError as e:
-        problem = problem or f"config.json: {e}"
+        problem = problem or f"{CONFIG}: {e}"
     return CheckpointInfo(name=path.name, path=str(path), family=family, params=params,
                           params_active=summary.get("params_active"), val_loss=summary.get("val_loss", {}),
-                          has_tokenizer=(path / "tokenizer.json").is_file(), problem=problem)
+                          has_tokenizer=(path / TOKENIZER).is_file(), problem=problem)
 
 
 def list_checkpoints(roots: list[Path] | None = None) -> list[CheckpointInfo]:
-    """Every directory with a config.json directly under the roots, sorted by name."""
+    """Every directory with a config.json (`CONFIG`) directly under the roots, sorted by name."""
     found = []
     for root in roots if roots is not None else checkpoint_roots():
         if not root.is_dir():
             continue
         for d in sorted(root.iterdir()):
-            if d.is_dir() and not d.name.startswith(".") and (d / "config.json").is_file():
+            if d.is_dir() and not d.name.startswith(".") and (d / CONFIG).is_file():
                 found.append(describe(d))
     return found

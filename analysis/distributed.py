@@ -329,7 +329,7 @@ class PartitionExporter:
         import ray
         import torch
 
-        from core_models.checkpoint import load_checkpoint
+        from routescope.core_models.checkpoint import load_checkpoint
         from .prompts import TokenText
 
         torch.set_num_threads(threads)
@@ -394,7 +394,7 @@ class PartitionExporter:
 # --- the driver -------------------------------------------------------------------------------------
 
 def _checkpoint_files(checkpoint: str | Path) -> dict[str, bytes]:
-    from core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS
+    from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS
 
     return {f: (Path(checkpoint) / f).read_bytes() for f in (CONFIG, WEIGHTS, TOKENIZER)
             if (Path(checkpoint) / f).is_file()}
@@ -447,15 +447,14 @@ def export_ray(checkpoint: str | Path, source: PromptSource, out: str, job: B.Ex
     (module doc). Inputs are checked before any work; returns what was written."""
     import ray
 
-    from core_models.checkpoint import load_checkpoint
-    from core_models.devices import resolve_device
+    from routescope.core_models.checkpoint import load_checkpoint, require_tokenizer
+    from routescope.core_models.devices import resolve_device
 
     t0 = time.perf_counter()
     if workers < 1 or partition_size < 1 or threads < 1:
         raise ValueError("workers, partition_size and threads must be >= 1")
     meta, tok = load_checkpoint(checkpoint, device="meta", dtype=dtype)  # every check, no weights read
-    if tok is None:
-        raise ValueError(f"{checkpoint}: no tokenizer.json; text prompts need a tokenizer")
+    require_tokenizer(tok, checkpoint)
     if not meta.routing_layers():
         raise ValueError(f"{checkpoint}: family {meta.config.family!r} has no routing layers to export")
     job.ablation(meta)

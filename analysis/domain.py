@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from core_models.runtime import Trace, tracing
-from core_models.sites import site_name
+from routescope.core_models.runtime import Trace, tracing
+from routescope.core_models.sites import site_name
 
 from . import columns as C
-from .routing import cosine_dominance
+from .families import table6_reader
 
 REQUIRED = (C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.PROMPT)
 PAPER_PREFIX = "paper_"
@@ -157,37 +157,10 @@ def expected_path_error(value: int, n_paths: int) -> str | None:
     return f"expected_path {value} is out of range 1..{n_paths} (the checkpoint has {n_paths} paths)"
 
 
-def require_papaformer(config: Any) -> None:
-    """ValueError unless `config` is a PaPaformer's: Table 6 routes are defined for its parallel layers."""
-    if getattr(config, "family", "") != "papaformer":
-        raise ValueError(f"Table 6 routes need a PaPaformer checkpoint (family 'papaformer'), "
-                         f"not {getattr(config, 'family', type(config).__name__)!r}")
-
-
-def token_routes(trace: Trace, config: Any) -> np.ndarray:
-    """(n_parallel_layers, B, T) 1-based route of every token, 0 where undefined (Share-Linear
-    layers whose cosine is undefined: fused grow). Pure."""
-    require_papaformer(config)
-    per_layer = []
-    if config.combiner == "share_linear":
-        cos = cosine_dominance(trace)
-        for i in range(config.n_parallel_layers):
-            layer = site_name("parallel", i)
-            c = cos[cos[C.LAYER] == layer]
-            if not len(c):
-                raise ValueError(f"the trace has no path/combined outputs for {layer}")
-            B, T = int(c[C.BATCH].max()) + 1, int(c[C.POSITION].max()) + 1
-            dom = c[c[C.DOMINANT]]
-            r = np.zeros((B, T), dtype=np.int64)
-            r[dom[C.BATCH].to_numpy(), dom[C.POSITION].to_numpy()] = dom[C.OPTION].to_numpy() + 1
-            per_layer.append(r)
-    else:
-        for i in range(config.n_parallel_layers):
-            name = site_name("parallel", i, "router", "choice")
-            if name not in trace:
-                raise ValueError(f"the trace has no site {name!r}")
-            per_layer.append(trace[name].numpy() + 1)
-    return np.stack(per_layer)
+def require_table6(model: Any) -> Any:
+    """The model's `RouteReader` if Table 6 routes are defined for it (its family's reader says so:
+    PaPaformer's parallel layers), else ValueError."""
+    return table6_reader(model)
 
 
 def prompt_routes(per_token: np.ndarray, lengths: Sequence[int], *, majority: bool = False) -> np.ndarray:
@@ -207,26 +180,19 @@ def prompt_routes(per_token: np.ndarray, lengths: Sequence[int], *, majority: bo
     return out
 
 
-def layer_routes(trace: Trace, config: Any, *, majority: bool = False, position: int = -1) -> pd.DataFrame:
+def layer_routes(trace: Trace, model: Any, *, majority: bool = False, position: int = -1) -> pd.DataFrame:
     """Per batch row and parallel layer: the 1-based route at `position` (or the majority over
     all positions). Share-Linear layers whose cosine is undefined (fused grow) get NA. Pure."""
-    per_token = token_routes(trace, config)  # (L, B, T)
+    reader = require_table6(model)
+    per_token = reader.routes(trace)  # (L, B, T)
     L, B, T = per_token.shape
     if not majority:  # the route at `position` is the route at the last token of a row cut there
         per_token, T = per_token[:, :, : range(T)[position] + 1], range(T)[position] + 1
     routes = prompt_routes(per_token, [T] * B, majority=majority)  # (B, L)
-    layers = [site_name("parallel", i) for i in range(L)]
-    df = pd.DataFrame({C.BATCH: np.tile(np.arange(B), L), C.LAYER: np.repeat(layers, B), C.ROUTE: routes.T.ravel()})
+    df = pd.DataFrame({C.BATCH: np.tile(np.arange(B), L), C.LAYER: np.repeat(reader.layers, B),
+                       C.ROUTE: routes.T.ravel()})
     df[C.ROUTE] = df[C.ROUTE].astype("Int64").mask(df[C.ROUTE] == 0)
     return df
-
-
-def route_sites(config: Any) -> list[str]:
-    """The sites `token_routes` reads (Gumbel: router choices; Share-Linear: path and combined outputs)."""
-    if config.combiner == "share_linear":
-        return [site_name("parallel", i, s) for i in range(config.n_parallel_layers)
-                for s in ["combined"] + [site_name("paths", j, "out") for j in range(config.n_paths)]]
-    return [site_name("parallel", i, "router", "choice") for i in range(config.n_parallel_layers)]
 
 
 def encode_probe(tokenizer: Any, probe_id: str, prompt: str, context: int) -> list[int]:
@@ -243,13 +209,13 @@ def batch_routes(model: Any, batch: Sequence[Sequence[int]], *, majority: bool =
     batch with deterministic routing. Under causal attention no real token sees the padding, and
     padded positions are never read, so each row's routes are those of its prompt run alone (up to
     float rounding of the batched kernels)."""
-    require_papaformer(model.config)
+    reader = require_table6(model)
     lengths = [len(ids) for ids in batch]
     T, pad = max(lengths), max(0, model.config.pad_id)
     x = torch.tensor([list(ids) + [pad] * (T - len(ids)) for ids in batch], device=model.device)  # (B, T)
-    with tracing(route_sites(model.config)) as tr:
+    with tracing(reader.sites) as tr:
         model(x)
-    return prompt_routes(token_routes(tr, model.config), lengths, majority=majority)
+    return prompt_routes(reader.routes(tr), lengths, majority=majority)
 
 
 def stream_routes(model: Any, tokenizer: Any, probes: Iterable[Probe], *, majority: bool = False,
@@ -271,7 +237,7 @@ def stream_routes(model: Any, tokenizer: Any, probes: Iterable[Probe], *, majori
 def _chunk_routes(model, tokenizer, chunk: list[Probe], majority: bool, batch_size: int) -> np.ndarray:
     ids = [encode_probe(tokenizer, p.prompt_id, p.prompt, model.context) for p in chunk]
     order = sorted(range(len(ids)), key=lambda k: len(ids[k]))
-    out = np.zeros((len(ids), model.config.n_parallel_layers), dtype=np.int64)
+    out = np.zeros((len(ids), len(require_table6(model).layers)), dtype=np.int64)
     for k in range(0, len(order), batch_size):
         rows = order[k:k + batch_size]
         out[rows] = batch_routes(model, [ids[r] for r in rows], majority=majority)
@@ -283,7 +249,7 @@ def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: 
     """Route every probe (deterministic routing; batched as `stream_routes`) and return one row per
     (probe, parallel layer): prompt_id, domain, expected_path, layer, route, correct. Prompts
     longer than the context keep their last tokens."""
-    require_papaformer(model.config)
+    reader = require_table6(model)
     rows = [Probe(0, pid, domain, int(expected), prompt, {}) for pid, domain, expected, prompt in
             zip(probes[C.PROMPT_ID], probes[C.DOMAIN], probes[C.EXPECTED_PATH], probes[C.PROMPT])]
     for p in rows:
@@ -296,7 +262,7 @@ def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: 
     df = pd.DataFrame({C.PROMPT_ID: np.repeat([p.prompt_id for p in rows], L),
                        C.DOMAIN: np.repeat([p.domain for p in rows], L),
                        C.EXPECTED_PATH: np.repeat([p.expected_path for p in rows], L).astype("int64"),
-                       C.LAYER: np.tile([site_name("parallel", i) for i in range(L)], N),
+                       C.LAYER: np.tile(reader.layers, N),
                        C.ROUTE: pd.array(routes.ravel(), dtype="Int64")})
     df[C.ROUTE] = df[C.ROUTE].mask(df[C.ROUTE] == 0)
     return _with_correct(df)
@@ -361,14 +327,29 @@ def table6(routes: pd.DataFrame, probes: pd.DataFrame, paper: pd.DataFrame | Non
     return out.reset_index(drop=True)
 
 
+def table6_summary(config: Any, *, ours: "pd.DataFrame | RouteTally | None" = None,
+                   paper: "pd.DataFrame | RouteTally | None" = None) -> pd.DataFrame:
+    """The Table 6 summary (source, metric, value) of our routes (source "ours", counted on the
+    checkpoint's paths) and the paper's (source "paper", on the paper's PAPER_N_PATHS), whichever
+    are given: a `probe_routes` / `paper_routes` table or a `RouteTally`. The combined share is a
+    row when the model has a combined route (`config.has_combined_route`). The one summary the app,
+    `routescope routes`, the report and the checkpoint table show."""
+    def summary(routes: Any, n_paths: int, source: str) -> pd.DataFrame:
+        tally = routes if isinstance(routes, RouteTally) else RouteTally.of(routes)
+        return tally.summary(n_paths, combined=config.has_combined_route, source=source)
+
+    parts = [summary(r, n, src) for r, n, src in ((ours, config.n_paths, "ours"), (paper, PAPER_N_PATHS, "paper"))
+             if r is not None]
+    return pd.concat(parts, ignore_index=True) if parts else \
+        pd.DataFrame(columns=[C.SOURCE, C.METRIC, C.VALUE])
+
+
 def route_summary(routes: pd.DataFrame, n_paths: int, *, combined: bool, source: str = "ours") -> pd.DataFrame:
     """Long table (source, metric, value): share of (prompt, layer) routes per route number ("route j",
     1-based as the paper numbers them: route j = path j - 1),
     the combined share (Gumbel), routing accuracy and the number of routes counted. Undefined
     (NA) routes are left out of every fraction."""
-    tally = RouteTally()
-    tally.add(routes[C.ROUTE].fillna(0).to_numpy(dtype=np.int64)[:, None], routes[C.EXPECTED_PATH].to_numpy())
-    return tally.summary(n_paths, combined=combined, source=source)
+    return RouteTally.of(routes).summary(n_paths, combined=combined, source=source)
 
 
 class RouteTally:
@@ -378,6 +359,13 @@ class RouteTally:
     def __init__(self) -> None:
         self.per_route = np.zeros(1, dtype=np.int64)  # [k] = number of routes k (0 = undefined)
         self.n_correct = 0
+
+    @classmethod
+    def of(cls, routes: pd.DataFrame) -> "RouteTally":
+        """The counts of a `probe_routes` / `paper_routes` table (NA routes count as undefined)."""
+        tally = cls()
+        tally.add(routes[C.ROUTE].fillna(0).to_numpy(dtype=np.int64)[:, None], routes[C.EXPECTED_PATH].to_numpy())
+        return tally
 
     def add(self, routes: np.ndarray, expected: np.ndarray) -> None:
         """routes (n, layers), 1-based, 0 = undefined; expected (n,) 1-based expected paths."""

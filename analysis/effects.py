@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from core_models.devices import model_device
-from core_models.runtime import Ablation
+from routescope.core_models.devices import model_device
+from routescope.core_models.runtime import Ablation
 
 from . import columns as C
 

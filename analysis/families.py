@@ -23,48 +23,78 @@ Export rows per family (what `value` means for each `kind`: `columns.KINDS`):
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+import html
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
-from core_models.base import RouteScopeLM
-from core_models.runtime import Ablation, Trace, tracing
-from core_models.sites import site_name
+from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.runtime import Ablation, Trace, tracing
+from routescope.core_models.sites import site_name
+from routescope.core_models.wiola import ATM, ATM_TAU
 
 from . import columns as C
 from . import routing as R
 
 
 @dataclass(frozen=True)
-class RoutingViews:
-    """The analysis frames of one traced run that the app draws (None: not this model's). Every
-    frame is a long table of `analysis.routing`; read-only, as one run may serve many sessions."""
+class View:
+    """One named view of a traced run: a tidy frame (a long table of `analysis.routing`) and the name
+    of the drawer that turns it into figures (`routescope.app.components.drawers.DRAWERS`).
+    `params`: what the drawer needs besides the frame (e.g. the ATM threshold used). Read-only: one
+    run may serve many browser sessions. Notes about the frame are in `frame.attrs["notes"]`."""
 
-    options: pd.DataFrame | None = None  # R.option_weights: any routing layer's option weights
-    gumbel: pd.DataFrame | None = None  # R.gumbel_routes
-    cosine: pd.DataFrame | None = None  # R.cosine_dominance (notes in .attrs["notes"])
-    topk: pd.DataFrame | None = None  # R.topk_routes
-    utilisation: pd.DataFrame | None = None  # R.topk_utilisation
-    coselection: pd.DataFrame | None = None  # R.topk_coselection
-    pgpt: pd.DataFrame | None = None  # R.pgpt_paths
-    dsff: pd.DataFrame | None = None  # R.dsff_gates
-    gcla: pd.DataFrame | None = None  # R.gcla_betas
-    atm: pd.DataFrame | None = None  # R.atm_merges of the merge pass
-    atm_summary: pd.DataFrame | None = None  # R.atm_summary of the merge pass
-    atm_tau: float | None = None  # the threshold the merge pass used
-    pagmlp: pd.DataFrame | None = None  # R.pagmlp_pathways
-
-    def frames(self) -> dict[str, pd.DataFrame]:
-        """The views this run has, by field name."""
-        return {f.name: v for f in dataclasses.fields(self) if isinstance(v := getattr(self, f.name), pd.DataFrame)}
+    frame: pd.DataFrame
+    drawer: str
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
-Views = Callable[..., RoutingViews]  # (trace, model, *, second: Trace | None, options: Mapping) -> RoutingViews
-Export = Callable[[Trace, RouteScopeLM, int, RoutingViews], "tuple[list[pd.DataFrame], list[str]]"]
+RunViews = Mapping[str, View]  # view name -> view, in the order the app shows them
+
+
+def views_of(*named: tuple[str, pd.DataFrame | None, str] | tuple[str, pd.DataFrame | None, str, Mapping]) -> RunViews:
+    """The views of a run from (name, frame, drawer[, params]); frames that are None are left out."""
+    out = {}
+    for name, frame, drawer, *params in named:
+        if frame is not None:
+            out[name] = View(frame, drawer, MappingProxyType(dict(params[0])) if params else MappingProxyType({}))
+    return MappingProxyType(out)
+
+
+@dataclass(frozen=True)
+class RouteReader:
+    """How a family's per-token routes are read (the report, Table 6 and corpus statistics): its
+    routing layers in forward order, the label of each 1-based route r (= option r - 1), the sites
+    to trace, and `routes(trace)` -> (L, B, T) 1-based routes, 0 where undefined. `table6`: the
+    PaPaformer paper's Table 6 probes apply (expected path r = route r)."""
+
+    layers: list[str]
+    labels: list[str]
+    sites: list[str]
+    routes: Callable[[Any], np.ndarray]
+    description: str  # for pages: the model and how a route is read
+    table6: bool = False
+
+
+@dataclass(frozen=True)
+class SidebarControl:
+    """A family run option the app offers as a slider when `model.run_options()` lists it; its
+    default is the config field of the same name."""
+
+    option: str
+    heading: str
+    label: str
+    low: float
+    high: float
+    step: float
+
+
+Views = Callable[..., RunViews]  # (trace, model, *, second: Trace | None, options: Mapping) -> RunViews
+Export = Callable[[Trace, RouteScopeLM, int, RunViews], "tuple[list[pd.DataFrame], list[str]]"]
 SecondPass = Callable[[RouteScopeLM, list[int], Ablation, Mapping[str, Any]], Trace]
 
 
@@ -72,11 +102,14 @@ SecondPass = Callable[[RouteScopeLM, list[int], Ablation, Mapping[str, Any]], Tr
 class FamilyAnalysis:
     """How analysis handles one family. `second_pass`: a forward besides generation whose trace
     the views need (Wiola: merge maps come from a pass with token merging on, which generation's
-    KV cache cannot run)."""
+    KV cache cannot run). `route_reader`: the family's per-token routes (None: it has none, e.g.
+    pgpt's one learned mix per call). `controls`: run options the app offers."""
 
     views: Views
     export: Export
     second_pass: SecondPass | None = None
+    route_reader: Callable[[RouteScopeLM], RouteReader] | None = None
+    controls: tuple[SidebarControl, ...] = ()
 
 
 # --- rows of the export table -------------------------------------------------------------------
@@ -122,16 +155,16 @@ def _sites(layers: pd.Series, *parts: Any) -> pd.Series:
 
 # --- generic: any routing layer's option weights --------------------------------------------------
 
-def _generic_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RoutingViews:
+def _generic_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
     w = R.option_weights(trace, model)
-    return RoutingViews(options=w if len(w) else None)
+    return views_of(("options", w if len(w) else None, "option_weights"))
 
 
-def _generic_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RoutingViews):
-    w = views.options
-    if w is None:
+def _generic_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+    if "options" not in views:
         return [], [f"{model.config.label} records no option weights of its routing layers to export"
                     if model.routing_modules else f"{model.config.label} has no routing layers to export"]
+    w = views["options"].frame
     return [export_rows(w, site=_sites(w[C.LAYER], "option_weights"), kind="weight", value=C.WEIGHT,
                         selected=C.SELECTED)], []
 
@@ -141,18 +174,19 @@ GENERIC = FamilyAnalysis(views=_generic_views, export=_generic_export)
 
 # --- PaPaformer ---------------------------------------------------------------------------------
 
-def _papaformer_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RoutingViews:
+def _papaformer_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
     gumbel = R.gumbel_routes(trace, model) if any(m.stochastic for m in model.routing_modules.values()) else None
-    return RoutingViews(cosine=R.cosine_dominance(trace), gumbel=gumbel)
+    cosine = R.cosine_dominance(trace)
+    return views_of(("gumbel_routes", gumbel, "gumbel_choice"), ("cosine_dominance", cosine, "cosine_choice"))
 
 
-def _papaformer_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RoutingViews):
+def _papaformer_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     parts = []
-    if views.gumbel is not None:
-        g = views.gumbel
+    if "gumbel_routes" in views:
+        g = views["gumbel_routes"].frame
         parts.append(export_rows(g, site=_sites(g[C.LAYER], "router", "probs"), kind="prob", value=C.PROB,
                                  selected=C.SELECTED))
-    cos = views.cosine
+    cos = views["cosine_dominance"].frame
     notes = list(cos.attrs.get("notes", []))
     cos = cos[cos[C.COSINE].notna()]
     parts.append(export_rows(cos, site=_sites(cos[C.LAYER], "paths", cos[C.OPTION], "out"), kind="cosine",
@@ -160,14 +194,73 @@ def _papaformer_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: R
     return parts, notes
 
 
+def papaformer_token_routes(trace: Trace, model: RouteScopeLM) -> np.ndarray:
+    """(n_parallel_layers, B, T) 1-based route of every token, 0 where undefined. A layer with a
+    router (Gumbel) routes by its recorded choice; a Share-Linear layer by the path whose output has
+    the highest cosine with the combined output (undefined where the cosine is: fused grow). Pure."""
+    per_layer = []
+    cos = None
+    for layer in _parallel_layers(model):
+        choice = site_name(layer, "router", "choice")
+        if model.routing_modules[layer].stochastic:
+            if choice not in trace:
+                raise ValueError(f"the trace has no site {choice!r}")
+            per_layer.append(trace[choice].cpu().numpy().astype(np.int64) + 1)
+            continue
+        cos = R.cosine_dominance(trace) if cos is None else cos
+        c = cos[cos[C.LAYER] == layer]
+        if not len(c):
+            raise ValueError(f"the trace has no path/combined outputs for {layer}")
+        B, T = int(c[C.BATCH].max()) + 1, int(c[C.POSITION].max()) + 1
+        dom = c[c[C.DOMINANT]]
+        r = np.zeros((B, T), dtype=np.int64)
+        r[dom[C.BATCH].to_numpy(), dom[C.POSITION].to_numpy()] = dom[C.OPTION].to_numpy() + 1
+        per_layer.append(r)
+    return np.stack(per_layer)
+
+
+def _parallel_layers(model: RouteScopeLM) -> list[str]:
+    return list(model.routing_layers())  # PaPaformer's routing layers are its parallel layers, in order
+
+
+def _papaformer_route_sites(model: RouteScopeLM) -> list[str]:
+    """The sites `papaformer_token_routes` reads (Gumbel: router choices; Share-Linear: path and
+    combined outputs)."""
+    out = []
+    for layer, m in model.routing_modules.items():
+        if m.stochastic:
+            out.append(site_name(layer, "router", "choice"))
+        else:
+            out += [site_name(layer, "combined")] + [site_name(layer, "paths", j, "out") for j in range(len(m.paths))]
+    return out
+
+
+def route_labels(config: Any) -> list[str]:
+    """Label of each 1-based route as the PaPaformer paper numbers them (route r = option r - 1):
+    index r - 1 -> "route r", the last Gumbel route "combined"."""
+    return [f"route {j}" for j in range(1, config.n_paths + 1)] + (["combined"] if config.has_combined_route else [])
+
+
+def _papaformer_reader(model: RouteScopeLM) -> RouteReader:
+    cfg = model.config
+    return RouteReader(
+        _parallel_layers(model), route_labels(cfg), _papaformer_route_sites(model),
+        lambda tr: papaformer_token_routes(tr, model),
+        f"PaPaformer, combiner <b>{html.escape(cfg.combiner)}</b>, {cfg.n_parallel_layers} parallel layers of "
+        f"{cfg.n_paths} paths. A route is the Gumbel router's choice, or Share-Linear's path whose output has "
+        "the highest cosine with the combined output (undefined routes left out). Routes are 1-based like "
+        "the paper (route r = path r - 1).", table6=True)
+
+
 # --- MoEP ---------------------------------------------------------------------------------------
 
-def _moep_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RoutingViews:
-    return RoutingViews(topk=R.topk_routes(trace), utilisation=R.topk_utilisation(trace),
-                        coselection=R.topk_coselection(trace))
+def _moep_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+    return views_of(("topk_routes", R.topk_routes(trace), "topk_choice"),
+                    ("topk_utilisation", R.topk_utilisation(trace), "utilisation"),
+                    ("topk_coselection", R.topk_coselection(trace), "coselection"))
 
 
-def _moep_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RoutingViews):
+def _moep_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     parts = []
     for layer in R.topk_layers(trace):
         probs = trace[site_name(layer, "router", "probs")].float()  # (B, T, n)
@@ -180,20 +273,37 @@ def _moep_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: Routing
                            C.PROB: probs.numpy().ravel(), C.SELECTED: sel.ravel()})
         parts.append(export_rows(df, site=site_name(layer, "router", "probs"), kind="prob", value=C.PROB,
                                  selected=C.SELECTED))
-    w = views.topk
+    w = views["topk_routes"].frame
     parts.append(export_rows(w, site=_sites(w[C.LAYER], "router", "weights"), kind="weight", value=C.WEIGHT,
                              selected=True))
     return parts, []
 
 
+def _topk_reader(model: RouteScopeLM) -> RouteReader:
+    """Routes of top-k routing layers: the router's first choice (its recorded indices are best first)."""
+    cfg = model.config
+    layers = list(model.routing_layers())
+    labels = R.option_names(model.option_labels(), layers)
+
+    def routes(tr: Any) -> np.ndarray:  # (L, B, T)
+        return np.stack([tr[site_name(l, "router", "indices")][..., 0].cpu().numpy() for l in layers]).astype(np.int64) + 1
+
+    return RouteReader(
+        layers, labels, [site_name(l, "router", "indices") for l in layers], routes,
+        f"MoEP, {cfg.expert} experts: moe_shrink and moe_grow pick top-{cfg.expert_top_k} of {cfg.n_experts} "
+        f"experts, each of {cfg.n_parallel_layers} parallel layers top-{cfg.top_k} of {cfg.n_blocks} blocks. A "
+        "token's route is its router's first choice (the largest weight). Options are numbered from 0 as in "
+        "the app and ablation specs.")
+
+
 # --- ParallelGPT --------------------------------------------------------------------------------
 
-def _pgpt_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RoutingViews:
-    return RoutingViews(pgpt=R.pgpt_paths(trace))
+def _pgpt_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+    return views_of(("pgpt_paths", R.pgpt_paths(trace), "pgpt_paths"))
 
 
-def _pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RoutingViews):
-    p = views.pgpt
+def _pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+    p = views["pgpt_paths"].frame
     (layer,) = model.routing_modules  # the paths
     parts = [export_rows(p, site=_sites(p[C.LAYER], p[C.OPTION], "out"), kind="contribution", value=C.SHARE,
                          selected=C.DOMINANT)]
@@ -205,10 +315,11 @@ def _pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: Routing
 
 # --- Wiola --------------------------------------------------------------------------------------
 
+TOKEN_MERGING = ATM  # the run option that turns Wiola's token merging (ATM) on
+
+
 def _wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, options: Mapping[str, Any]) -> Trace:
     """A forward of the whole sequence with token merging on, tracing the ATM sites only."""
-    from core_models.wiola import ATM
-
     sites = [n for n in model.site_names() if ".atm." in n]
     with tracing(sites) as tr:
         model(torch.tensor([ids]), ablation=ablation, **{**options, ATM: True})
@@ -216,22 +327,24 @@ def _wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, o
 
 
 def _wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
-                 options: Mapping[str, Any] = {}) -> RoutingViews:
-    from core_models.wiola import ATM_TAU
-
+                 options: Mapping[str, Any] = {}) -> RunViews:
     tau = options.get(ATM_TAU)
-    atm = dict(atm=R.atm_merges(second, tau=tau), atm_summary=R.atm_summary(second, tau=tau),
-               atm_tau=model.config.atm_tau if tau is None else tau) if second is not None else {}
-    return RoutingViews(dsff=R.dsff_gates(trace), gcla=R.gcla_betas(trace), **atm)
+    atm = atm_summary = None
+    if second is not None:
+        atm, atm_summary = R.atm_merges(second, tau=tau), R.atm_summary(second, tau=tau)
+        atm = atm if len(atm) else None
+    used = {"tau": model.config.atm_tau if tau is None else tau}
+    return views_of(("dsff_gate", R.dsff_gates(trace), "dsff_gate"), ("gcla_beta", R.gcla_betas(trace), "gcla_beta"),
+                    ("atm_merges", atm, "atm_merges", used), ("atm_summary", atm_summary, "table", used))
 
 
-def _wiola_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RoutingViews):
-    g = views.dsff
+def _wiola_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+    g = views["dsff_gate"].frame
     site = _sites(g[C.LAYER], "gate")
     a = g[C.GATE_MEAN].to_numpy()
     parts = [export_rows(g, site=site, kind="gate_mean", option=0, value=a, selected=a >= 0.5),
              export_rows(g, site=site, kind="gate_mean", option=1, value=1.0 - a, selected=a < 0.5)]
-    betas = views.gcla
+    betas = views["gcla_beta"].frame
     parts.append(per_call_rows([(layer, site_name(layer, "gcla_beta"), "beta", None, b)
                                 for layer, b in zip(betas[C.LAYER], betas[C.BETA])], n_batch))
     atm = R.atm_merges(trace)  # rows only when this call merged tokens
@@ -246,15 +359,15 @@ def _wiola_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: Routin
 
 # --- Llama (PAGMLP) ----------------------------------------------------------------------------
 
-def _llama_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RoutingViews:
+def _llama_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
     p = R.pagmlp_pathways(trace, model)
-    return RoutingViews(pagmlp=p if len(p) else None)
+    return views_of(("pagmlp_pathways", p if len(p) else None, "pagmlp_pathways"))
 
 
-def _llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RoutingViews):
-    p = views.pagmlp
-    if p is None:
+def _llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+    if "pagmlp_pathways" not in views:
         return [], [f"{model.config.label} has no routing layers to export"]
+    p = views["pagmlp_pathways"].frame
     site = _sites(p[C.LAYER], p[C.LABEL] + "_out")
     share = p[C.SHARE].to_numpy()
     dominant = share >= np.repeat(share.reshape(-1, 2).max(1), 2)
@@ -268,14 +381,21 @@ def _llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: Routin
     return parts, []
 
 
-# config.family -> its analysis; families not listed get GENERIC
+# config.family -> its analysis; families not listed get GENERIC (register_family_analysis adds one)
 FAMILIES: dict[str, FamilyAnalysis] = {
-    "papaformer": FamilyAnalysis(views=_papaformer_views, export=_papaformer_export),
-    "moep": FamilyAnalysis(views=_moep_views, export=_moep_export),
+    "papaformer": FamilyAnalysis(views=_papaformer_views, export=_papaformer_export, route_reader=_papaformer_reader),
+    "moep": FamilyAnalysis(views=_moep_views, export=_moep_export, route_reader=_topk_reader),
     "pgpt": FamilyAnalysis(views=_pgpt_views, export=_pgpt_export),
-    "wiola": FamilyAnalysis(views=_wiola_views, export=_wiola_export, second_pass=_wiola_merge_pass),
+    "wiola": FamilyAnalysis(views=_wiola_views, export=_wiola_export, second_pass=_wiola_merge_pass, controls=(
+        SidebarControl(ATM_TAU, "Token merging (ATM)", "ATM threshold tau", 0.0, 1.0, 0.01),)),
     "llama": FamilyAnalysis(views=_llama_views, export=_llama_export),
 }
+
+
+def register_family_analysis(family: str, analysis: FamilyAnalysis) -> None:
+    """Give a family defined elsewhere (`core_models.registry.register_family`) views, export rows,
+    a route reader or controls of its own, as a FAMILIES line would."""
+    FAMILIES[family] = analysis
 
 
 def family_analysis(model: RouteScopeLM) -> FamilyAnalysis:
@@ -283,6 +403,25 @@ def family_analysis(model: RouteScopeLM) -> FamilyAnalysis:
 
 
 def routing_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
-                  options: Mapping[str, Any] = {}) -> RoutingViews:
+                  options: Mapping[str, Any] = {}) -> RunViews:
     """The views the app draws for this model's traced call (`second`: the family's second pass)."""
     return family_analysis(model).views(trace, model, second=second, options=options)
+
+
+def route_reader(model: RouteScopeLM) -> RouteReader:
+    """The model's per-token routes, or ValueError naming the families that have them."""
+    analysis = family_analysis(model)
+    if analysis.route_reader is None:
+        having = ", ".join(f for f, a in FAMILIES.items() if a.route_reader is not None)
+        raise ValueError(f"{model.config.label} has no per-token routes to read (families with them: {having})")
+    return analysis.route_reader(model)
+
+
+def table6_reader(model: RouteScopeLM) -> RouteReader:
+    """The route reader of a model the Table 6 probes apply to, or ValueError naming its families."""
+    analysis = family_analysis(model)
+    reader = analysis.route_reader(model) if analysis.route_reader is not None else None
+    if reader is None or not reader.table6:
+        raise ValueError(f"Table 6 routes need a PaPaformer checkpoint (family 'papaformer'), "
+                         f"not {model.config.label!r}")
+    return reader

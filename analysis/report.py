@@ -29,7 +29,6 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -39,12 +38,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from core_models.runtime import Ablation, tracing
+from routescope.core_models.runtime import Ablation, tracing
 
 from . import columns as C
 from . import domain as D
 from .effects import ablation_effects
-from .routing import option_names
+from .families import RouteReader, route_labels, route_reader  # noqa: F401  (route_labels: the report's names)
 
 HELDOUT_PROBES = Path(__file__).parent / "data" / "heldout_probes.tsv"
 PROBE_SETS = {"Table 6": D.DEFAULT_PROBES, "held-out": HELDOUT_PROBES}
@@ -71,58 +70,7 @@ class ReportData:
     drops: pd.DataFrame = field(default_factory=pd.DataFrame)  # dropped, label, domain, loss, base_loss, ...
 
 
-# --- reading a family's routes ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RouteReader:
-    """How a family's per-token routes are read: its routing layers (forward order), the label of
-    each 1-based route r (= option r - 1), the sites to trace, and `routes(trace)` -> (L, B, T)
-    1-based routes, 0 where undefined. `paper_probes`: Table 6 accuracy applies (PaPaformer)."""
-
-    layers: list[str]
-    labels: list[str]
-    sites: list[str]
-    routes: Callable[[Any], np.ndarray]
-    description: str  # for the page: the model and how a route is read
-    paper_probes: bool
-
-
-def route_reader(model: Any) -> RouteReader:
-    """The RouteReader of `model`, or ValueError naming the families a report supports."""
-    cfg = model.config
-    if cfg.family == "papaformer":
-        return RouteReader(
-            [f"parallel.{i}" for i in range(cfg.n_parallel_layers)], route_labels(cfg), D.route_sites(cfg),
-            lambda tr: D.token_routes(tr, cfg),
-            f"PaPaformer, combiner <b>{html.escape(cfg.combiner)}</b>, {cfg.n_parallel_layers} parallel layers of "
-            f"{cfg.n_paths} paths. A route is the Gumbel router's choice, or Share-Linear's path whose output has "
-            "the highest cosine with the combined output (undefined routes left out). Routes are 1-based like "
-            "the paper (route r = path r - 1).", paper_probes=True)
-    if cfg.family == "moep":
-        layers = list(model.routing_layers())
-        labels = option_names(model.option_labels(), layers)
-
-        def routes(tr: Any) -> np.ndarray:  # (L, B, T): top-k indices are best first
-            return np.stack([tr[f"{l}.router.indices"][..., 0].cpu().numpy() for l in layers]).astype(np.int64) + 1
-
-        return RouteReader(
-            layers, labels, [f"{l}.router.indices" for l in layers], routes,
-            f"MoEP, {cfg.expert} experts: moe_shrink and moe_grow pick top-{cfg.expert_top_k} of {cfg.n_experts} "
-            f"experts, each of {cfg.n_parallel_layers} parallel layers top-{cfg.top_k} of {cfg.n_blocks} blocks. A "
-            "token's route is its router's first choice (the largest weight). Options are numbered from 0 as in "
-            "the app and ablation specs.", paper_probes=False)
-    raise ValueError(f"a routing report needs per-token routes (papaformer, moep); {cfg.family} has none "
-                     f"(pgpt mixes its paths by one learned weight per call; wiola and llama do not route)")
-
-
 # --- pure parts ------------------------------------------------------------------------------------
-
-def route_labels(config: Any) -> list[str]:
-    """Label of each 1-based route as the paper numbers them (route r = option r - 1): index r - 1
-    -> "route r", the last Gumbel route "combined"."""
-    return [f"route {j}" for j in range(1, config.n_paths + 1)] + \
-        (["combined"] if config.combiner != "share_linear" else [])
-
 
 def route_shares(routes: dict[str, np.ndarray], labels: Sequence[str], layers: Sequence[str]) -> pd.DataFrame:
     """routes: domain -> (L, N, T) 1-based routes of every validation token (0 = undefined) in
@@ -168,11 +116,11 @@ def selective_tokens(routes: np.ndarray, ids: np.ndarray, labels: Sequence[str],
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
 
-def accuracy_table(routes: pd.DataFrame, config: Any, *, probe_set: str, route_at: str, source: str = "ours",
-                   n_paths: int | None = None) -> pd.DataFrame:
-    """`domain.route_summary` of `routes` (ours, or the paper's with source="paper" and its path
-    count) with the probe set and the reading (last / majority / the paper's routes) as columns."""
-    df = D.route_summary(routes, n_paths or config.n_paths, combined=config.combiner != "share_linear", source=source)
+def accuracy_table(config: Any, *, probe_set: str, route_at: str, ours: pd.DataFrame | None = None,
+                   paper: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`domain.table6_summary` of our routes or the paper's, with the probe set and the reading
+    (last / majority / the paper's routes) as columns."""
+    df = D.table6_summary(config, ours=ours, paper=paper)
     df.insert(0, ROUTE_AT_COL, route_at)
     df.insert(0, PROBE_SET, probe_set)
     return df
@@ -182,8 +130,8 @@ def accuracy_table(routes: pd.DataFrame, config: Any, *, probe_set: str, route_a
 
 def validation_rows(tokenizer: Any, n_docs: int, seq_len: int) -> dict[str, torch.Tensor]:
     """Domain -> (rows, seq_len + 1) token ids of the trainer's validation text."""
-    from core_models.training import corpus
-    from core_models.training.trainer import TrainConfig, validation_batches
+    from routescope.corpora import corpus
+    from routescope.core_models.training.trainer import TrainConfig, validation_batches
 
     c = TrainConfig(preset="report", seq_len=seq_len, eval_docs=n_docs)
     return {d: validation_batches(tokenizer, d, c) for d in corpus.DOMAINS}
@@ -246,16 +194,15 @@ def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len
     sel = selective_tokens(routes_all, ids_all, reader.labels, reader.layers, min_count=min_count, top=top)
     sel.insert(2, C.TOKEN, [tokenizer.decode([int(t)]) for t in sel[C.TOKEN_ID]])
     acc, tables = [], {}
-    for set_name, source in ((PROBE_SETS if probe_sets is None else probe_sets).items() if reader.paper_probes else ()):
+    for set_name, source in ((PROBE_SETS if probe_sets is None else probe_sets).items() if reader.table6 else ()):
         probes = D.read_probes(source)
         paper = D.paper_routes(probes, cfg.combiner)
         for at, majority in ROUTE_AT.items():
             ours = D.probe_routes(model, tokenizer, probes, majority=majority)
-            acc.append(accuracy_table(ours, cfg, probe_set=set_name, route_at=at))
+            acc.append(accuracy_table(cfg, ours=ours, probe_set=set_name, route_at=at))
             tables[f"{set_name}, {at}"] = D.table6(ours, probes, paper)
         if paper is not None:  # the paper printed one route per layer: no last / majority reading
-            acc.append(accuracy_table(paper, cfg, probe_set=set_name, route_at=PAPER_READING, source="paper",
-                                      n_paths=D.PAPER_N_PATHS))
+            acc.append(accuracy_table(cfg, paper=paper, probe_set=set_name, route_at=PAPER_READING))
     accuracy = pd.concat(acc, ignore_index=True) if acc else \
         pd.DataFrame(columns=[PROBE_SET, ROUTE_AT_COL, C.SOURCE, C.METRIC, C.VALUE])
     return ReportData(name=name, config=cfg.to_dict(), settings=dict(n_docs=n_docs, seq_len=seq_len,

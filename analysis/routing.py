@@ -25,9 +25,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from core_models.base import RouteScopeLM
-from core_models.runtime import Trace
-from core_models.sites import OPTION_WEIGHTS, site_name
+from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.runtime import Trace
+from routescope.core_models.sites import OPTION_WEIGHTS, site_name
 
 from . import columns as C
 

@@ -10,11 +10,12 @@ from typing import Any
 import pandas as pd
 import torch
 
-from core_models.base import RouteScopeLM
-from core_models.generate import Generation, Sampling, generate
-from core_models.runtime import Ablation, Trace
+from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.checkpoint import require_tokenizer
+from routescope.core_models.generate import Generation, Sampling, generate
+from routescope.core_models.runtime import Ablation, Trace
 
-from .families import RoutingViews, family_analysis
+from .families import RunViews, family_analysis
 from .table import ExportMeta, RowMeta, routing_table
 
 
@@ -60,7 +61,7 @@ class Run:
     tokens: list[str]  # decoded text of every position as run (prompt, then generated), token by token
     spans: list[TokenSpan]  # every position once, in order: single tokens, or tokens decoding only together
     table: pd.DataFrame  # the export table (analysis.columns.EXPORT_SCHEMA)
-    views: RoutingViews  # the family's routing views
+    views: RunViews  # the family's routing views: name -> View (tidy frame + drawer), read-only
     seconds: float  # wall time of the run (forward passes + analyses)
     second_trace: Trace | None = None  # the family's second pass (Wiola: token merging on)
     notes: list[str] = field(default_factory=list)
@@ -118,8 +119,7 @@ def token_spans(tokenizer: Any, ids: list[int]) -> list[TokenSpan]:
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    if tokenizer is None:
-        raise ValueError("this checkpoint has no tokenizer.json: text prompts need a tokenizer")
+    require_tokenizer(tokenizer)
     if not prompt or not prompt.strip():
         raise ValueError("the prompt is empty: type some text to continue")
     ids = tokenizer.encode(prompt).ids

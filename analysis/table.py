@@ -14,11 +14,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from core_models.base import RouteScopeLM
-from core_models.runtime import Trace
+from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.runtime import Trace
 
 from . import columns as C
-from .families import RoutingViews, family_analysis
+from .families import RunViews, family_analysis
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def empty_table() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in C.EXPORT_SCHEMA.items()})
 
 
-def routing_table(trace: Trace, model: RouteScopeLM, *, meta: ExportMeta, views: RoutingViews | None = None
+def routing_table(trace: Trace, model: RouteScopeLM, *, meta: ExportMeta, views: RunViews | None = None
                   ) -> pd.DataFrame:
     """One traced call (any family, any batch size) as rows of the export schema.
 

@@ -7,11 +7,12 @@ import streamlit as st
 
 st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 
-from app import resources  # noqa: E402  (set_page_config must come first)
-from app import state as K  # noqa: E402
-from app.views import ablation, attribution, diff, export, generation, routing, sidebar, table6  # noqa: E402
-from app.components.messages import show_error  # noqa: E402
-from core_models.runtime import Ablation  # noqa: E402
+from routescope.app import resources  # noqa: E402  (set_page_config must come first)
+from routescope.app import state as K  # noqa: E402
+from routescope.app.views import ablation, attribution, diff, export, generation, routing, sidebar, table6  # noqa: E402
+from routescope.app.components.messages import show_error  # noqa: E402
+from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
+from routescope.core_models.runtime import Ablation  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
 VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Table 6", "Export"]
@@ -66,7 +67,7 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
     elif view == "Table 6":
         table6.show(model, path, mtime)
     else:
-        export.show(cur, tok, routing.figures(cur, model), table6.default_report(model, path, mtime),
+        export.show(cur, tok, routing.drawn(cur, model), table6.default_report(model, path, mtime),
                     resources.export_bytes(path, mtime, prompt, settings, cur.ablation))
 
 
@@ -91,9 +92,10 @@ def main() -> None:
         st.stop()
     settings = sidebar.settings(model)
     ablation.reset_for(path)
-    if tok is None:
-        st.warning(f"{info.name} has no tokenizer.json: text prompts need a tokenizer "
-                   "(import it again with --tokenizer).")
+    try:
+        require_tokenizer(tok, info.name)
+    except ValueError as e:
+        st.warning(f"{e}.")
         st.stop()
     if not prompt.strip():
         st.warning("The prompt is empty: type some text for the model to continue.")

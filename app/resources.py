@@ -14,27 +14,21 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from analysis.attribution import PathAttribution, TokenAttribution
-from analysis.domain import probe_routes
-from analysis.effects import ablation_effects
-from analysis.session import RunSettings, run_prompt
-from core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint
-from core_models.devices import resolve_device
-from core_models.runtime import Ablation
+from routescope.analysis.attribution import PathAttribution, TokenAttribution
+from routescope.analysis.domain import probe_routes
+from routescope.analysis.effects import ablation_effects
+from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes
+from routescope.analysis.session import RunSettings, run_prompt
+from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint
+from routescope.core_models.devices import resolve_device
+from routescope.core_models.runtime import Ablation
 
 from .components.messages import without_dir
 
 # Small models run fastest on one thread, and a second thread would fight other sessions.
-torch.set_num_threads(int(os.environ.get("ROUTESCOPE_THREADS", "1")))
+torch.set_num_threads(app_threads())
 
-MAX_UPLOAD_BYTES = int(float(os.environ.get("ROUTESCOPE_MAX_UPLOAD_MB", "100")) * 2**20)
-# where models run: `routescope app --device/--dtype` sets these for the Streamlit process
-ENV_DEVICE, ENV_DTYPE = "ROUTESCOPE_DEVICE", "ROUTESCOPE_DTYPE"
-
-
-def device_setting() -> tuple[str, str]:
-    """(device, dtype) the app loads models with: "auto" and "float32" unless the environment says."""
-    return os.environ.get(ENV_DEVICE, "auto"), os.environ.get(ENV_DTYPE, "float32")
+MAX_UPLOAD_BYTES = max_upload_bytes()
 UPLOAD_FILES = (CONFIG, WEIGHTS, TOKENIZER)
 
 
@@ -77,13 +71,13 @@ def routing_figures(path: str, mtime: float, prompt: str, settings: RunSettings,
     """The Routing view's figures of a run (choice heatmaps stacked), built once per run: switching
     an ablation back, or views, redraws them without rebuilding. Read-only once made."""
     from .views import routing
-    return routing.figures(run(path, mtime, prompt, settings, ablation), load(path, mtime)[0], stacked=True)
+    return routing.drawn(run(path, mtime, prompt, settings, ablation), load(path, mtime)[0], stacked=True)
 
 
 @st.cache_resource(max_entries=64, show_spinner="Preparing the export…")
 def export_bytes(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation) -> dict[str, bytes]:
     """The routing table of a run as CSV and Parquet bytes (built once per run)."""
-    from analysis.export import table_bytes
+    from routescope.analysis.export import table_bytes
     table = run(path, mtime, prompt, settings, ablation).table
     return {fmt: table_bytes(table, fmt) for fmt in ("csv", "parquet")}
 
@@ -112,7 +106,7 @@ def table6_routes(path: str, mtime: float, probes_name: str, probes_tsv: bytes, 
     starts with `probes_name` (the file name the user knows, not a stream or a server path)."""
     import io
 
-    from analysis.domain import paper_routes, read_probes
+    from routescope.analysis.domain import paper_routes, read_probes
     model, tok = load(path, mtime)
     source = io.BytesIO(probes_tsv)
     source.name = probes_name  # how read_probes names the file in its messages

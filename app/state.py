@@ -13,7 +13,6 @@ TOP_K = "top_k"
 TOP_P = "top_p"
 SEED = "seed"
 GUMBEL_MODE = "gumbel_mode"
-ATM_TAU = "atm_tau"
 STEP = "selected_step"
 VIEW = "view"
 ATTR_POSITION = "attr_position"
@@ -29,6 +28,11 @@ TABLE6_SHOWN = "table6_shown"  # {(path, mtime): (probe file name, bytes, majori
 # views.ablation.reset_for also forgets the previous checkpoint's values
 ABLATION_OWNER = "ablation_owner"
 _ABLATION = "ablate::"
+
+
+def run_option_key(option: str) -> str:
+    """The widget of a family run option the sidebar offers (`FamilyAnalysis.controls`)."""
+    return f"run_option_{option}"
 
 
 def keep_only_key(scope: str) -> str:

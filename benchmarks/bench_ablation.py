@@ -21,9 +21,9 @@ import sys
 import torch
 
 from benchmarks import common as C
-from analysis.session import RunSettings, run_prompt
-from core_models import Ablation, AblationError
-from core_models.generate import generate
+from routescope.analysis.session import RunSettings, run_prompt
+from routescope.core_models import Ablation, AblationError
+from routescope.core_models.generate import generate
 
 BROWSER_LINE = re.compile(r"toggle-to-update in the browser: pgpt median (\d+) ms \(([\d, ]+)\), "
                           r"papaformer-gumbel-v2 median (\d+) ms \(([\d, ]+)\)")

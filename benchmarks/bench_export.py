@@ -2,7 +2,7 @@
 called in-process in a fresh subprocess per size).
 
 Prompts: first sentences of training documents (story and math alternating,
-core_models.training.corpus), one per line in a .txt file written beforehand. Each size runs in
+routescope.corpora.corpus), one per line in a .txt file written beforehand. Each size runs in
 its own process, which reports its wall time and its peak RSS (resource.getrusage ru_maxrss).
 Goals: peak RSS at 10,000 prompts / at 1,000 <= 1.2x; prompts/s over 1,000 prompts is reported.
 --quick uses 100 and 500 prompts (throughput then over 500).
@@ -27,7 +27,7 @@ def prompts_file(n: int) -> Path:
 
 
 def child(payload: dict) -> dict:
-    from cli.main import build_parser
+    from routescope.cli.main import build_parser
     rss0 = C.rss_mb()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "routes.parquet"

@@ -18,8 +18,8 @@ import torch
 
 from benchmarks import common as C
 from benchmarks.bench_peers import gpt2_model, in_mode, peer
-from core_models import tracing
-from core_models.generate import generate
+from routescope.core_models import tracing
+from routescope.core_models.generate import generate
 
 PROMPT, NEW = 64, 64
 HF = "HF GPT-2 generate (use_cache, greedy)"

@@ -14,10 +14,10 @@ def child(payload: dict) -> dict:
     import plotly  # noqa: F401
     import streamlit  # noqa: F401
 
-    import analysis.attribution  # noqa: F401
-    import analysis.effects  # noqa: F401
-    import analysis.session  # noqa: F401
-    from core_models.checkpoint import load_checkpoint
+    import routescope.analysis.attribution  # noqa: F401
+    import routescope.analysis.effects  # noqa: F401
+    import routescope.analysis.session  # noqa: F401
+    from routescope.core_models.checkpoint import load_checkpoint
     rss0 = C.rss_mb()
     rows, keep = [], []
     for name, path in payload["checkpoints"]:

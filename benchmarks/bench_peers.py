@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from benchmarks import common as C
-from core_models import tracing
+from routescope.core_models import tracing
 
 SEQ = 64
 

@@ -29,8 +29,8 @@ KEY = ["prompt_id", "position", "layer", "site", "kind", "option"]
 
 
 def export_rows(model, tok, prompts: list[tuple[str, str]], name: str) -> pd.DataFrame:
-    from analysis import batch_export as B
-    from analysis.prompts import TokenText
+    from routescope.analysis import batch_export as B
+    from routescope.analysis.prompts import TokenText
 
     job = B.ExportJob()
     if not model.routing_layers():  # llama-dense: logits only
@@ -80,7 +80,7 @@ def compare(ref_logits, logits, ref_rows: pd.DataFrame, rows: pd.DataFrame) -> d
 
 
 def run(args) -> C.Report:
-    from core_models.checkpoint import CheckpointError, load_checkpoint
+    from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 
     rep = C.Report("bench_precision", "Reduced precision vs float32 on the CPU (logits, routing values)")
     n = 40 if args.quick else 200

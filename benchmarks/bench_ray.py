@@ -42,7 +42,7 @@ def run_export(args: list[str]) -> tuple[float, float]:
     """(wall seconds, the child's own peak RSS MiB) of `python -m cli <args>`."""
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=C.ROOT, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "routescope.cli", *args], cwd=C.ROOT, stdout=subprocess.DEVNULL,
                                 stderr=err, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
         seconds = time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """Issue 15 item 7: `routescope routes` at scale (streamed, batched): peak RSS and probes/s.
 
 Probes: first sentences of training documents, story and math alternating
-(core_models.training.corpus via common.corpus_prompts), expected_path 1 for story and 2 for
+(routescope.corpora.corpus via common.corpus_prompts), expected_path 1 for story and 2 for
 math, written to a probe TSV beforehand. Each size runs `python -m cli routes CHECKPOINT
 --probes FILE --json --quiet` (the `routescope` entry point's own main) in a fresh process; its
 peak RSS is that child's ru_maxrss (os.wait4), its JSON output is checked to list every probe.
@@ -34,7 +34,7 @@ def probes_file(n: int) -> Path:
 def run_routes(checkpoint: Path, probes: Path, n: int, threads: int) -> dict:
     """Run `routes` in a child process; its wall time, peak RSS (MiB) and a check of its output."""
     with tempfile.TemporaryFile("w+", encoding="utf-8") as out, tempfile.TemporaryFile("w+") as err:
-        cmd = [sys.executable, "-m", "cli", "--threads", str(threads), "routes", str(checkpoint),
+        cmd = [sys.executable, "-m", "routescope.cli", "--threads", str(threads), "routes", str(checkpoint),
                "--probes", str(probes), "--json", "--quiet"]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=C.ROOT, stdout=out, stderr=err)

@@ -4,7 +4,7 @@
   256 tokens, and peak RSS (ru_maxrss), each model in a fresh subprocess.
 - ATM on the trained tiny model (checkpoints/wiola-tiny, else the preset with random weights):
   a forward with atm=True traced at the ATM sites over validation documents of each domain
-  (core_models.training.corpus.validation_documents); analysis.routing.atm_summary gives the
+  (routescope.corpora.corpus.validation_documents); analysis.routing.atm_summary gives the
   merge ratio mu and the attention-FLOP saving mu (2 - mu) per document and ATM layer, averaged
   here. Compared with the paper's claim of a 5-9% saving.
 """
@@ -22,7 +22,7 @@ PAPER_TAU = 0.92  # the paper's merge threshold (the shipped wiola-tiny uses its
 
 
 def child(payload: dict) -> dict:
-    from core_models import build_model, from_name
+    from routescope.core_models import build_model, from_name
     rss0 = C.rss_mb()
     torch.manual_seed(0)
     model = build_model(from_name(payload["preset"])).eval()
@@ -42,10 +42,10 @@ def child(payload: dict) -> dict:
 def atm_rates(args) -> tuple[C.Table, float, float]:
     import pandas as pd
 
-    from analysis import columns as COL
-    from analysis.routing import atm_summary
-    from core_models import tracing
-    from core_models.training.corpus import validation_documents
+    from routescope.analysis import columns as COL
+    from routescope.analysis.routing import atm_summary
+    from routescope.core_models import tracing
+    from routescope.corpora.corpus import validation_documents
     model, tok, source = C.model_for("wiola-tiny")
     sites = [n for n in model.site_names() if ".atm." in n]
     n_docs = 4 if args.quick else 50
@@ -80,10 +80,10 @@ def atm_sweep(args) -> C.Table:
     import pandas as pd
     import torch.nn.functional as F
 
-    from analysis import columns as COL
-    from analysis.routing import atm_summary
-    from core_models import tracing
-    from core_models.training.corpus import validation_documents
+    from routescope.analysis import columns as COL
+    from routescope.analysis.routing import atm_summary
+    from routescope.core_models import tracing
+    from routescope.corpora.corpus import validation_documents
     model, tok, source = C.model_for("wiola-tiny")
     sites = [n for n in model.site_names() if ".atm." in n]
     n_docs = 2 if args.quick else 15
@@ -131,10 +131,10 @@ def atm_cosines(args) -> C.Table:
     import numpy as np
     import pandas as pd
 
-    from analysis import columns as COL
-    from analysis.routing import atm_merges
-    from core_models import tracing
-    from core_models.training.corpus import validation_documents
+    from routescope.analysis import columns as COL
+    from routescope.analysis.routing import atm_merges
+    from routescope.core_models import tracing
+    from routescope.corpora.corpus import validation_documents
     model, tok, source = C.model_for("wiola-tiny")
     sites = [n for n in model.site_names() if ".atm." in n]
     n_docs = 2 if args.quick else 50

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from benchmarks import common as C
-from core_models import tracing
-from core_models.sites import Site
+from routescope.core_models import tracing
+from routescope.core_models.sites import Site
 
 
 def strip_sites(model: nn.Module) -> nn.Module:

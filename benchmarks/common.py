@@ -214,7 +214,7 @@ def tokenizer_path() -> Path:
         return shipped
     cached = CACHE / "tokenizer.json"
     if not cached.is_file():
-        from core_models.training.tokenizer import train_tokenizer
+        from routescope.core_models.training.tokenizer import train_tokenizer
         CACHE.mkdir(parents=True, exist_ok=True)
         train_tokenizer(n_docs_per_domain=300).save(str(cached))
     return cached
@@ -227,8 +227,8 @@ def preset_for(name: str) -> str:
 def model_for(name: str, **overrides: Any):
     """(model in eval mode, tokenizer or None, source): checkpoints/<name> if shipped (and no
     overrides), else the preset with random weights."""
-    from core_models import build_model, from_name
-    from core_models.checkpoint import load_checkpoint, load_tokenizer_file
+    from routescope.core_models import build_model, from_name
+    from routescope.core_models.checkpoint import load_checkpoint, load_tokenizer_file
     p = checkpoint_path(name)
     if p is not None and not overrides:
         model, tok = load_checkpoint(p)
@@ -245,7 +245,7 @@ def checkpoint_dir(name: str) -> tuple[Path, str]:
         return p, f"checkpoints/{name}"
     out = CACHE / "ckpt" / name
     if not (out / "model.safetensors").is_file():
-        from core_models.checkpoint import load_tokenizer_file, save_checkpoint
+        from routescope.core_models.checkpoint import load_tokenizer_file, save_checkpoint
         model, _, _ = model_for(name)
         save_checkpoint(model, out, tokenizer=load_tokenizer_file(tokenizer_path()), dtype=torch.float32)
     return out, "random weights"
@@ -253,7 +253,7 @@ def checkpoint_dir(name: str) -> tuple[Path, str]:
 
 def prompt_text(tok: Any, n_tokens: int, seed: int = 0) -> str:
     """A text of exactly n_tokens tokens (story then math validation text), when the cut re-encodes."""
-    from core_models.training.corpus import validation_documents
+    from routescope.corpora.corpus import validation_documents
     docs = validation_documents("story", 8) + validation_documents("math", 8)
     text = " ".join(docs[seed % len(docs):] + docs[:seed % len(docs)])
     ids = tok.encode(text).ids
@@ -268,7 +268,7 @@ def corpus_prompts(n: int, seed: int = 0) -> list[str]:
     """First sentences of training documents, story and math alternating (one line each)."""
     import re
 
-    from core_models.training.corpus import iter_documents
+    from routescope.corpora.corpus import iter_documents
     streams = [iter_documents("story", seed), iter_documents("math", seed)]
     out = []
     while len(out) < n:

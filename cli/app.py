@@ -77,17 +77,15 @@ def run(args: argparse.Namespace) -> int:
     import importlib.util
     import os
 
-    from analysis.catalog import ENV_ROOTS
+    from routescope.analysis.environment import app_environment
 
-    spec = importlib.util.find_spec("app")  # locate the file only; nothing imports app/
+    spec = importlib.util.find_spec("routescope.app")  # locate the file only; nothing imports app/
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the app package is not installed; run pip install -e . from the repository")
     main = os.path.join(list(spec.submodule_search_locations)[0], "main.py")
-    from core_models.devices import resolve_device
+    from routescope.core_models.devices import resolve_device
 
     resolve_device(args.device)  # an unavailable device stops here, in one line, not in the browser
-    env = dict(os.environ, ROUTESCOPE_DEVICE=args.device, ROUTESCOPE_DTYPE=args.dtype)  # read by app/resources.py
-    if args.checkpoints:
-        env[ENV_ROOTS] = os.pathsep.join([*args.checkpoints, *filter(None, [env.get(ENV_ROOTS)])])
+    env = app_environment(args.device, args.dtype, args.checkpoints or ())  # read by app/resources.py
     cmd = streamlit_command(main, args, env)
     return run_child(cmd, env=env, cwd=os.path.dirname(os.path.dirname(main)))

@@ -7,22 +7,22 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from analysis.prompts import decode_text
+from routescope.analysis.prompts import decode_text
 
 
 def load(path: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
     """(model, tokenizer or None) of a checkpoint directory on `device` ("auto": CUDA, then MPS,
     else CPU) in `dtype`; errors name the file and field, or the unavailable device."""
-    from core_models.checkpoint import load_checkpoint
+    from routescope.core_models.checkpoint import load_checkpoint
     return load_checkpoint(path, device=device, dtype=dtype)
 
 
 def load_with_tokenizer(path: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
     """`load`, and a ValueError if the checkpoint has no tokenizer (text prompts need one)."""
+    from routescope.core_models.checkpoint import require_tokenizer
+
     model, tok = load(path, device, dtype)
-    if tok is None:
-        raise ValueError(f"{path}: no tokenizer.json; text prompts need a tokenizer")
-    return model, tok
+    return model, require_tokenizer(tok, path)
 
 
 def read_text_file(path: str | Path, what: str) -> str:

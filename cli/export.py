@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from analysis.prompts import TokenText
+from routescope.analysis.prompts import TokenText
 
 from . import options as O
 from .common import load_with_tokenizer, read_text_file
@@ -63,7 +63,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def read_prompts(path: str | Path) -> list[tuple[str, str]]:
     """(prompt_id, prompt) pairs from a .txt (one per non-blank line, id = line number) or a .tsv
     (columns prompt_id and prompt)."""
-    from analysis.prompts import parse_prompts
+    from routescope.analysis.prompts import parse_prompts
 
     path = Path(path)
     return parse_prompts(read_text_file(path, "prompt file"), path, path.suffix)
@@ -86,7 +86,7 @@ def shard(items: Sequence[Any], i: int, n: int) -> list[Any]:
 
 def job_of(args: argparse.Namespace):
     """The analysis.batch_export.ExportJob of the command line."""
-    from analysis.batch_export import ExportJob
+    from routescope.analysis.batch_export import ExportJob
 
     return ExportJob(max_new_tokens=args.max_new_tokens, routing=args.routing, seed=args.seed, atm=args.atm,
                      drop=tuple(args.drop), force=tuple(args.force), batch_size=args.batch_size)
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
         return run_ray(args, job)
     from tqdm import tqdm
 
-    from analysis import batch_export as B
-    from analysis.export import ExportWriter, check_output
+    from routescope.analysis import batch_export as B
+    from routescope.analysis.export import ExportWriter, check_output
 
     for out in args.out:  # before any work: a bad output must not fail a long export at its end
         check_output(out)
@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if not model.routing_layers():
         raise ValueError(f"{args.checkpoint}: {model.config.label} has no routing layers to export")
     if args.atm:
-        from core_models.wiola import ATM
-        model.check_options({ATM: True})  # a model without token merging says so before any work
+        from routescope.analysis.families import TOKEN_MERGING
+        model.check_options({TOKEN_MERGING: True})  # a model without token merging says so before any work
     ablation = job.ablation(model)
     encoded = B.encode_prompts(tok, prompts, model.context, job)
     name, notes = B.model_name(args.checkpoint), B.NoteLog()
@@ -138,7 +138,7 @@ def run_ray(args: argparse.Namespace, job) -> int:
         import ray  # noqa: F401  (only to say what is missing before any work)
     except ImportError:
         raise ValueError("--engine ray needs Ray: pip install 'routescope[distributed]'") from None
-    from analysis import distributed
+    from routescope.analysis import distributed
 
     source = distributed.PromptSource(texts=tuple(args.prompt)) if args.prompt else \
         distributed.PromptSource(path=args.prompts)

@@ -27,8 +27,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core_models.generate import Sampling, generate
-    from core_models.runtime import Ablation
+    from routescope.core_models.generate import Sampling, generate
+    from routescope.core_models.runtime import Ablation
 
     model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     ids = tok.encode(args.prompt).ids

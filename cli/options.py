@@ -84,7 +84,7 @@ class ChoicesOf(Sequence[str]):
     Give a metavar (argparse formats the choices into one when an argument is added) and list the
     choices in the help text, which is formatted only when shown:
 
-        p.add_argument("--routing", choices=ChoicesOf("core_models.runtime", "ROUTING_MODES"),
+        p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.runtime", "ROUTING_MODES"),
                        metavar="MODE", help="one of %(choices)s")
     """
 
@@ -112,7 +112,7 @@ class ChoicesOf(Sequence[str]):
 
 def add_ablation_options(p: argparse.ArgumentParser) -> None:
     """--routing, --drop and --force, as generate and export take them."""
-    p.add_argument("--routing", choices=ChoicesOf("core_models.runtime", "ROUTING_MODES"), default="deterministic",
+    p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.runtime", "ROUTING_MODES"), default="deterministic",
                    metavar="MODE", help="Gumbel routing at inference, one of %(choices)s (default %(default)s)")
     p.add_argument("--drop", action="append", default=[], help="OPTION or LAYER:OPTION, repeatable")
     p.add_argument("--force", action="append", default=[], help="LAYER:OPTION, repeatable")
@@ -120,9 +120,9 @@ def add_ablation_options(p: argparse.ArgumentParser) -> None:
 
 def add_device_options(p: argparse.ArgumentParser) -> None:
     """--device and --dtype, as every command that runs a model takes them."""
-    p.add_argument("--device", choices=ChoicesOf("core_models.devices", "DEVICES"), default="auto", metavar="DEVICE",
+    p.add_argument("--device", choices=ChoicesOf("routescope.core_models.devices", "DEVICES"), default="auto", metavar="DEVICE",
                    help="where the model runs, one of %(choices)s (default auto: CUDA if available, then MPS, "
                         "else the CPU)")
-    p.add_argument("--dtype", choices=ChoicesOf("core_models.devices", "DTYPES"), default="float32", metavar="DTYPE",
+    p.add_argument("--dtype", choices=ChoicesOf("routescope.core_models.devices", "DTYPES"), default="float32", metavar="DTYPE",
                    help="parameter precision, one of %(choices)s (default %(default)s; see the README for the "
                         "tolerance of bfloat16 against float32)")

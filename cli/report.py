@@ -64,7 +64,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.report import collect, render_html, route_reader
+    from routescope.analysis.report import collect, render_html, route_reader
 
     out = check_html_output(args.out)
     model, tok = load_with_tokenizer(args.checkpoint)

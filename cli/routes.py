@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from analysis import columns as C
+from routescope.analysis import columns as C
 
 from . import options as O
 from .common import load_with_tokenizer, write_json_streamed
@@ -52,7 +52,7 @@ def _scan_probes(source: str | Path, model: Any, tok: Any) -> _ProbeScan:
     expected_path within the checkpoint's paths, paper routes parse, prompts encode to tokens)."""
     import numpy as np
 
-    from analysis import domain as D
+    from routescope.analysis import domain as D
 
     cfg, name = model.config, D.probe_source_name(source)
     scan = _ProbeScan(stamp=_file_stamp(source) if Path(source).is_file() else (0, 0))  # else iter_probes says why
@@ -82,7 +82,7 @@ def _scan_probes(source: str | Path, model: Any, tok: Any) -> _ProbeScan:
 
 def _probe_rows(source: str | Path, scan: _ProbeScan, routes: Any) -> Iterator[tuple[Any, list[int]]]:
     """Pass 3: the probes again, each with its routes (0 = undefined), checking the file is unchanged."""
-    from analysis import domain as D
+    from routescope.analysis import domain as D
 
     if _file_stamp(source) != scan.stamp:
         raise ValueError(f"{source}: the probe file changed while the probes ran; run routes again")
@@ -110,7 +110,7 @@ def _write_table(rows: Iterable[tuple[Any, list[int]]], widths: dict[str, int], 
     """The routes table, `chunk` rows at a time, laid out as pandas prints it whole."""
     import pandas as pd
 
-    from analysis import domain as D
+    from routescope.analysis import domain as D
 
     def flush(buf: list, header: bool) -> None:
         df = pd.DataFrame(buf, columns=list(widths)).astype({"expected": "int64"})
@@ -134,12 +134,12 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
     from tqdm import tqdm
 
-    from analysis import domain as D
+    from routescope.analysis import domain as D
 
     source = args.probes or D.DEFAULT_PROBES
     model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     cfg = model.config
-    D.require_papaformer(cfg)
+    D.require_table6(model)
     scan = _scan_probes(source, model, tok)
     routes = np.zeros((scan.n, cfg.n_parallel_layers), dtype=np.min_scalar_type(cfg.n_paths + 1))
     tally, k = D.RouteTally(), 0
@@ -150,11 +150,8 @@ def run(args: argparse.Namespace) -> int:
             tally.add(r, np.array([p.expected_path for p in chunk]))
             k += len(chunk)
             bar.update(len(chunk))
-    combined = cfg.combiner != "share_linear"
-    summ = tally.summary(cfg.n_paths, combined=combined)
-    if scan.paper is not None:
-        summ = pd.concat([summ, scan.paper.summary(D.PAPER_N_PATHS, combined=combined, source="paper")],
-                         ignore_index=True)
+    combined = cfg.has_combined_route
+    summ = D.table6_summary(cfg, ours=tally, paper=scan.paper)
     paper_col = D.paper_column(cfg) if scan.paper is not None else None
     rows = _probe_rows(source, scan, routes)
     if args.json:
@@ -173,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
     k = cfg.n_paths
     legend = (f"routes numbered from 1 as in the paper: route j = path j - 1 (paths count from 0), "
               f"{k + 1} = combined" if combined
-              else f"route j = path j - 1 (numbered from 1 as in the paper), the path whose output has the highest "
-                   f"cosine with the combined output")
+              else "route j = path j - 1 (numbered from 1 as in the paper), the path whose output has the highest "
+                   "cosine with the combined output")
     sys.stdout.write(f"Table 6 routes: {cfg.combiner}, {cfg.n_parallel_layers} parallel layers, route at the {at}\n"
                      f"({legend})\n")
     if paper_col and k != D.PAPER_N_PATHS:

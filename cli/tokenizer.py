@@ -17,7 +17,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core_models.training.tokenizer import train_tokenizer
+    from routescope.core_models.training.tokenizer import train_tokenizer
 
     tok = train_tokenizer(n_docs_per_domain=args.docs, vocab_size=args.vocab_size, seed=args.seed)
     tok.save(args.out)

@@ -77,8 +77,8 @@ def parse_domain_routes(spec: str) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core_models.checkpoint import load_tokenizer_file
-    from core_models.training.trainer import TrainConfig, train
+    from routescope.core_models.checkpoint import load_tokenizer_file
+    from routescope.core_models.training.trainer import TrainConfig, train
 
     c = TrainConfig(preset=args.preset, overrides=parse_sets(args.set), data=parse_data(args.data),
                     steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,

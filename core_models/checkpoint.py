@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -30,6 +31,9 @@ from .base import RouteScopeLM
 from .config import BaseConfig, ConfigError, json_kind
 from .devices import place, resolve_device, resolve_dtype
 from .registry import build_model, config_from_dict, param_count
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 CONFIG, WEIGHTS, TOKENIZER, CARD = "config.json", "model.safetensors", "tokenizer.json", "README.md"
 
@@ -82,6 +86,15 @@ def save_checkpoint(model: RouteScopeLM, path: str | os.PathLike, *, tokenizer=N
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def require_tokenizer(tokenizer: "Tokenizer | None", source: str | os.PathLike = "this checkpoint") -> "Tokenizer":
+    """`tokenizer`, or the one ValueError every command and the app give for a checkpoint without
+    its tokenizer.json: text prompts need one."""
+    if tokenizer is None:
+        raise ValueError(f"{source} has no {TOKENIZER}: text prompts need a tokenizer "
+                         "(import the checkpoint again with --tokenizer)")
+    return tokenizer
 
 
 def read_config(path: str | os.PathLike) -> dict:

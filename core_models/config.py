@@ -28,6 +28,12 @@ class BaseConfig:
         or the variant where a field makes a different kind of model ("papaformer-gumbel-v2")."""
         return self.family
 
+    @property
+    def has_combined_route(self) -> bool:
+        """Whether a routing layer offers the combined representation as a route besides its paths
+        (PaPaformer's Gumbel combiners); families that have one say so in their config."""
+        return False
+
     def __post_init__(self) -> None:
         self._coerce_types()
         self.validate()

@@ -112,8 +112,14 @@ class PapaformerConfig(BaseConfig):
         return f"papaformer-{self.combiner.replace('_', '-')}"  # as the presets are named
 
     @property
+    def has_combined_route(self) -> bool:
+        """Whether a parallel layer can route a token to the combined representation (the Gumbel
+        combiners' extra option, route k + 1 of Table 6); Share-Linear only blends its paths."""
+        return self.combiner != "share_linear"
+
+    @property
     def n_options(self) -> int:
-        return self.n_paths + (self.combiner != "share_linear")
+        return self.n_paths + self.has_combined_route
 
 
 class Path(nn.Module):

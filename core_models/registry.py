@@ -15,13 +15,13 @@ from .config import BaseConfig, ConfigError, json_kind, short_repr
 # family -> (module, config class, model class, parameter-count function); modules are imported
 # when the family is first used. A new family is one line here (or a register_family call).
 FAMILIES: dict[str, tuple[str, str, str, str]] = {
-    "llama": ("core_models.llama", "LlamaConfig", "Llama", "llama_param_count"),
-    "papaformer": ("core_models.papaformer", "PapaformerConfig", "Papaformer", "papaformer_param_count"),
-    "pgpt": ("core_models.pgpt", "PGPTConfig", "PGPT", "pgpt_param_count"),
-    "lgpt": ("core_models.pgpt", "ShrinkGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
-    "cgpt": ("core_models.pgpt", "CGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
-    "moep": ("core_models.moep", "MoEPConfig", "MoEP", "moep_param_count"),
-    "wiola": ("core_models.wiola", "WiolaConfig", "Wiola", "wiola_param_count"),
+    "llama": ("routescope.core_models.llama", "LlamaConfig", "Llama", "llama_param_count"),
+    "papaformer": ("routescope.core_models.papaformer", "PapaformerConfig", "Papaformer", "papaformer_param_count"),
+    "pgpt": ("routescope.core_models.pgpt", "PGPTConfig", "PGPT", "pgpt_param_count"),
+    "lgpt": ("routescope.core_models.pgpt", "ShrinkGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
+    "cgpt": ("routescope.core_models.pgpt", "CGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
+    "moep": ("routescope.core_models.moep", "MoEPConfig", "MoEP", "moep_param_count"),
+    "wiola": ("routescope.core_models.wiola", "WiolaConfig", "Wiola", "wiola_param_count"),
 }
 
 # preset name -> (family, fields). Shipped checkpoints keep the paper ratios at d = 128, d' = 64,

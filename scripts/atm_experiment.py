@@ -20,12 +20,12 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis import columns as C  # noqa: E402
-from analysis.report import validation_rows  # noqa: E402
-from analysis.routing import atm_summary  # noqa: E402
-from core_models import tracing  # noqa: E402
-from core_models.checkpoint import load_checkpoint  # noqa: E402
-from core_models.training.corpus import validation_documents  # noqa: E402
+from routescope.analysis import columns as C  # noqa: E402
+from routescope.analysis.report import validation_rows  # noqa: E402
+from routescope.analysis.routing import atm_summary  # noqa: E402
+from routescope.core_models import tracing  # noqa: E402
+from routescope.core_models.checkpoint import load_checkpoint  # noqa: E402
+from routescope.corpora.corpus import validation_documents  # noqa: E402
 
 
 @torch.inference_mode()

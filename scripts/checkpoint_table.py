@@ -38,7 +38,7 @@ def main(root: Path = ROOT) -> int:
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / 2**20
     text = f"""# Shipped checkpoints
 
-Trained on this project's synthetic corpora (`core_models.training.corpus`: TinyStories-like
+Trained on this project's synthetic corpora (`routescope.corpora.corpus`: TinyStories-like
 stories and OpenMathInstruct-1-like math) with `scripts/train_all.sh` on a 2-core CPU machine.
 Validation: the fixed validation split of each domain (cross-entropy in nats per token, the same
 tokens for every model). Each directory's README.md has the exact command and training details.

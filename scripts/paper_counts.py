@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file from a checkout
     sys.path.insert(0, str(ROOT))
 
-from core_models import build_model, from_name  # noqa: E402
-from core_models.paper_configs import PAPER_CONFIGS, PaperConfig, PaperCount  # noqa: E402
+from routescope.core_models import build_model, from_name  # noqa: E402
+from routescope.core_models.paper_configs import PAPER_CONFIGS, PaperConfig, PaperCount  # noqa: E402
 
 START, END = "<!-- paper-counts:start -->", "<!-- paper-counts:end -->"
 HEADER = ("| model | what | ours | paper | source | rel. diff | within paper rounding |\n"

@@ -20,35 +20,43 @@ READINGS = (("last token", False), ("majority", True))
 
 
 def papaformer_checkpoints(root: Path = ROOT) -> list[Path]:
-    import json
+    """The checkpoints under `root` whose family reads Table 6 routes (its route reader says so)."""
+    from routescope.analysis.families import table6_reader
+    from routescope.core_models.checkpoint import CONFIG, WEIGHTS, read_config
+    from routescope.core_models.registry import build_model, config_from_dict
+
+    def table6_applies(d: Path) -> bool:
+        try:
+            table6_reader(build_model(config_from_dict(read_config(d)), device="meta"))
+            return True
+        except ValueError:
+            return False
 
     found = [d for d in root.iterdir() if not d.name.startswith(".")  # not the train_all's temporary compositions
-             and (d / "config.json").is_file() and (d / "model.safetensors").is_file()
-             and json.loads((d / "config.json").read_text()).get("family") == "papaformer"]
+             and (d / CONFIG).is_file() and (d / WEIGHTS).is_file() and table6_applies(d)]
     return sorted(found, key=lambda d: (ORDER.index(d.name) if d.name in ORDER else len(ORDER), d.name))
 
 
 def measure(path: Path) -> list[dict]:
     """One record per (probe set, reading, source) of a checkpoint: its route shares, accuracy and
-    route count (metric -> value), as analysis.domain.route_summary gives them."""
-    from analysis import domain as D
-    from analysis.report import PROBE_SETS
-    from core_models.checkpoint import load_checkpoint
+    route count (metric -> value), as analysis.domain.table6_summary gives them."""
+    from routescope.analysis import domain as D
+    from routescope.analysis.report import PROBE_SETS
+    from routescope.core_models.checkpoint import load_checkpoint
 
     model, tok = load_checkpoint(path)
     cfg = model.config
-    combined = cfg.combiner != "share_linear"
     out = []
     for set_name, source in PROBE_SETS.items():
         probes = D.read_probes(source)
         for reading, majority in READINGS:
             routes = D.probe_routes(model, tok, probes, majority=majority)
-            summ = D.route_summary(routes, cfg.n_paths, combined=combined)
+            summ = D.table6_summary(cfg, ours=routes)
             out.append({"probes": set_name, "reading": reading, "source": "ours",
                         **dict(zip(summ["metric"], summ["value"]))})
         paper = D.paper_routes(probes, cfg.combiner)
         if paper is not None:
-            summ = D.route_summary(paper, D.PAPER_N_PATHS, combined=combined, source="paper")
+            summ = D.table6_summary(cfg, paper=paper)
             out.append({"probes": set_name, "reading": "paper's routes", "source": "paper",
                         **dict(zip(summ["metric"], summ["value"]))})
     return out

@@ -34,9 +34,9 @@ papa_stale() {  # dir combiner -> status 0 if missing or stale
   [ -f "$1/model.safetensors" ] || return 0
   ${PY:-.venv/bin/python} - "$1" "$2" <<'PY'
 import json, sys
-from core_models.registry import PRESETS
-from core_models.routers import AUX_ENTROPY
-from core_models.training.compose import PRESETS as COMBINER_PRESET
+from routescope.core_models.registry import PRESETS
+from routescope.core_models.routers import AUX_ENTROPY
+from routescope.core_models.training.compose import PRESETS as COMBINER_PRESET
 ck, comb = sys.argv[1], sys.argv[2]
 cfg = json.load(open(f"{ck}/config.json"))
 history = json.load(open(f"{ck}/training.json")).get("history") or [{}]

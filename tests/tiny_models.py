@@ -1,6 +1,6 @@
 import torch
 
-from core_models import build_model, from_name
+from routescope.core_models import build_model, from_name
 
 # tiny variants of every preset family: (preset, overrides)
 TINY = {

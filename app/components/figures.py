@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from analysis import columns as C
-from analysis.routing import option_names
+from routescope.analysis import columns as C
+from routescope.analysis.routing import option_names
 
 # one colour per option index (option 0 blue, option 1 orange, ...), used for nothing else
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]

@@ -5,7 +5,7 @@ import html
 
 import pandas as pd
 
-from analysis import columns as C
+from routescope.analysis import columns as C
 
 from .figures import show_token
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.routing import option_names
-from core_models.base import RouteScopeLM
-from core_models.runtime import ALL_LAYERS, Ablation
+from routescope.analysis.routing import option_names
+from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.runtime import ALL_LAYERS, Ablation
 
 from .. import state as K
 

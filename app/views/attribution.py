@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import columns as C
-from analysis.session import Run, decode_tokens
+from routescope.analysis import columns as C
+from routescope.analysis.session import Run, decode_tokens
 
 from .. import resources
 from .. import state as K

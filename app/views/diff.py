@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import columns as C
-from analysis.effects import first_divergence, generation_diff
-from analysis.session import Run
+from routescope.analysis import columns as C
+from routescope.analysis.effects import first_divergence, generation_diff
+from routescope.analysis.session import Run
 
 from ..components.figures import kl_figure
 from ..components.tokens import diff_html

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis.export import frame_csv_bytes
-from analysis.session import Run, candidates_table, provenance
+from routescope.analysis.export import frame_csv_bytes
+from routescope.analysis.session import Run, candidates_table, provenance
 
 
 def _stem(run: Run) -> str:
@@ -32,8 +32,9 @@ def _offer(col: Any, label: str, data: bytes | str | Callable[[], str], file_nam
     col.download_button(label, data, file_name, mime, key=key, on_click="ignore")
 
 
-def show(run: Run, tokenizer, figs: dict, table6: dict | None, table: dict[str, bytes]) -> None:
-    """`table6`: the Table 6 report of the shipped probes for a PaPaformer (None for other models)."""
+def show(run: Run, tokenizer, drawn: Any, table6: dict | None, table: dict[str, bytes]) -> None:
+    """`drawn`: the run's views drawn (`routing.drawn`); `table6`: the Table 6 report of the shipped
+    probes for a model Table 6 applies to (None for other models)."""
     stem = _stem(run)
     st.caption("Every export carries the model, prompt, settings and ablation (columns, or the run JSON).")
     cols = st.columns(3)
@@ -54,10 +55,18 @@ def show(run: Run, tokenizer, figs: dict, table6: dict | None, table: dict[str, 
                "dl_table6_csv")
         _offer(cols[2], "Table 6 summary (CSV)", frame_csv_bytes(table6["summary"].assign(model=run.model_name)),
                f"{run.model_name}_table6_summary.csv", "text/csv", "dl_table6_summary")
-    if figs:
+    views = {name: v.frame for name, v in run.views.items()}
+    if views:  # every view's own table, as the drawers read it
+        st.markdown("**View tables** (CSV, one per routing view of this run)")
+        cols = st.columns(3)
+        for i, (name, frame) in enumerate(views.items()):
+            frame = frame.assign(model=run.model_name, ablation=run.ablation.describe())
+            _offer(cols[i % 3], f"{name}.csv", lambda f=frame: frame_csv_bytes(f), f"{stem}_{name}.csv", "text/csv",
+                   f"dl_view_{name}")
+    if drawn.figures:
         st.markdown("**Figures** (HTML with plotly.js inside, works offline; PNG from the camera icon on each chart)")
         cols = st.columns(3)
-        for i, (name, fig) in enumerate(figs.items()):
+        for i, (name, fig) in enumerate(drawn.figures.items()):
             fig = fig.update_layout(meta=provenance(run))
             # deferred: the ~4.8 MB page is only rendered when the button is pressed
             _offer(cols[i % 3], f"{name}.html", lambda f=fig: figure_html(f), f"{stem}_{name}.html", "text/html",

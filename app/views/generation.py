@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.session import Run, candidates_table, decode_tokens
+from routescope.analysis.session import Run, candidates_table, decode_tokens
 
 from .. import state as K
 from ..components.figures import candidates_figure, show_token

@@ -1,14 +1,15 @@
 """Sidebar: checkpoint picker and upload, generation settings, and the controls the loaded model
-asks for (Gumbel mode where a routing layer samples, the ATM threshold where it is a run option)."""
+asks for (Gumbel mode where a routing layer samples, and the run options its family's table entry
+offers as controls, e.g. Wiola's ATM threshold)."""
 from __future__ import annotations
 
 import streamlit as st
 
-from analysis.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
-from analysis.session import RunSettings
-from core_models.base import RouteScopeLM
-from core_models.runtime import ROUTING_MODES
-from core_models.wiola import ATM_TAU
+from routescope.analysis.families import family_analysis
+from routescope.analysis.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
+from routescope.analysis.session import RunSettings
+from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.runtime import ROUTING_MODES
 
 from .. import resources
 from .. import state as K
@@ -82,12 +83,13 @@ def _settings(model: RouteScopeLM) -> RunSettings:
         routing = st.radio("Mode", ROUTING_MODES, horizontal=True, key=K.GUMBEL_MODE,
                            help="deterministic: noise-free argmax of the router logits; sampled: Gumbel noise "
                                 "drawn from the seed above")
-    if ATM_TAU in model.run_options():
-        st.subheader("Token merging (ATM)")
-        default = float(getattr(model.config, ATM_TAU))
-        tau = st.slider("ATM threshold tau", 0.0, 1.0, default, 0.01, key=K.ATM_TAU,
-                        help=model.run_options()[ATM_TAU])
-        options.append((ATM_TAU, float(tau)))
+    offered = model.run_options()
+    for c in family_analysis(model).controls:  # the family's run options, from its table entry
+        if c.option in offered:
+            st.subheader(c.heading)
+            value = st.slider(c.label, c.low, c.high, float(getattr(model.config, c.option)), c.step,
+                              key=K.run_option_key(c.option), help=offered[c.option])
+            options.append((c.option, float(value)))
     return RunSettings(max_new_tokens=max_new, greedy=mode == "greedy", temperature=float(temperature),
                        top_k=int(top_k), top_p=float(top_p), seed=int(seed), routing=routing, options=tuple(options))
 

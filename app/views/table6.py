@@ -1,12 +1,11 @@
 """Table 6 view: which path each probe prompt takes per parallel layer, beside the paper's routes."""
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
-from analysis import columns as C
-from analysis.domain import DEFAULT_PROBES, PAPER_N_PATHS, require_papaformer, route_summary, table6
-from core_models.base import RouteScopeLM
+from routescope.analysis import columns as C
+from routescope.analysis.domain import DEFAULT_PROBES, require_table6, table6, table6_summary
+from routescope.core_models.base import RouteScopeLM
 
 from .. import resources
 from .. import state as K
@@ -20,7 +19,7 @@ def default_probes() -> tuple[str, bytes]:
 
 def _applies(model: RouteScopeLM) -> bool:
     try:
-        require_papaformer(model.config)
+        require_table6(model)
         return True
     except ValueError:
         return False
@@ -28,14 +27,8 @@ def _applies(model: RouteScopeLM) -> bool:
 
 def _report(model: RouteScopeLM, path: str, mtime: float, name: str, data: bytes, majority: bool) -> dict:
     """{"report": one row per probe, "summary": route shares and accuracy (ours, and the paper's)}."""
-    c = model.config
     probes, routes, paper = resources.table6_routes(path, mtime, name, data, majority)
-    combined = c.combiner != "share_linear"
-    summary = route_summary(routes, c.n_paths, combined=combined)
-    if paper is not None:
-        summary = pd.concat([summary, route_summary(paper, PAPER_N_PATHS, combined=combined, source="paper")],
-                            ignore_index=True)
-    return {"report": table6(routes, probes, paper), "summary": summary}
+    return {"report": table6(routes, probes, paper), "summary": table6_summary(model.config, ours=routes, paper=paper)}
 
 
 def default_report(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
@@ -68,7 +61,7 @@ def show(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
         return None
     st.session_state.setdefault(K.TABLE6_SHOWN, {})[(path, mtime)] = (name, data, majority)  # for Export
     shipped = "" if upload is not None else " (the paper's probes, shipped with RouteScope)"
-    combined = c.combiner != "share_linear"
+    combined = c.has_combined_route
     st.caption(f"Probes: {name}{shipped}. Routes are numbered as the paper's Table 6 numbers them, from 1: "
                "route 1 = path 0 (stories), route 2 = path 1 (math)"
                + (f", route {c.n_paths + 1} = combined" if combined else "")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from core_models.training.corpus import DOMAINS, EOT, PAD, iter_documents
+from routescope.corpora.corpus import DOMAINS, EOT, PAD, iter_documents
 
 log = logging.getLogger(__name__)
 

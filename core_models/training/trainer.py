@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 from ..base import RouteScopeLM
 from ..checkpoint import load_weights, read_config, save_checkpoint
 from ..registry import build_model, config_from_dict, from_name
-from . import corpus
+from routescope.corpora import corpus
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def model_card(name: str, s: dict[str, Any]) -> str:
 
 RouteScope checkpoint, preset `{s['preset']}`{' (initialised from ' + t['init_from'] + ')' if t['init_from'] else ''}.
 
-- data: synthetic corpora from `core_models.training.corpus` ({data}), seed {t['seed']}
+- data: synthetic corpora from `routescope.corpora.corpus` ({data}), seed {t['seed']}
 - steps: {s['steps']} (batch {t['batch_size']} x {t['seq_len']} tokens)
 - tokens seen: {s['tokens']:,}
 - wall time: {s['wall_seconds']:.0f} s on {os.cpu_count()} CPU cores (torch {torch.__version__})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core_models.checkpoint import save_checkpoint
+from routescope.core_models.checkpoint import save_checkpoint
 from tiny_models import tiny_model
 
 SENTENCES = [
@@ -70,7 +70,7 @@ def checkpoint(tmp_path_factory, tokenizer):
 def cli():
     """cli(argv) -> exit code, running the `routescope` sub-commands' handlers in-process (their
     ValueErrors propagate, so a test can assert on them)."""
-    from cli.main import build_parser
+    from routescope.cli.main import build_parser
 
     parser = build_parser()
 

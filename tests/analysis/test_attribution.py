@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import analysis.attribution as A
-from analysis import columns as C
-from analysis.attribution import PathAttribution, TokenAttribution, find_token_embedding
-from core_models import Ablation
+import routescope.analysis.attribution as A
+from routescope.analysis import columns as C
+from routescope.analysis.attribution import PathAttribution, TokenAttribution, find_token_embedding
+from routescope.core_models import Ablation
 from tiny_models import tiny_model
 from tolerances import FORWARD_EPS, assert_close_to_scale
 

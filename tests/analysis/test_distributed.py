@@ -16,13 +16,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import columns as C
-from analysis.batch_export import ExportJob
-from analysis.export import read_parquet, read_provenance
+from routescope.analysis import columns as C
+from routescope.analysis.batch_export import ExportJob
+from routescope.analysis.export import read_parquet, read_provenance
 from procs import running, wait_gone
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[distributed]' (the distributed extra)")
-from analysis import distributed as D  # noqa: E402  (after the skip: the module needs ray at run time only)
+from routescope.analysis import distributed as D  # noqa: E402  (after the skip: the module needs ray at run time only)
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def prompt_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, checkpoint, prompt_file):
     """The single-process export (the reference) of the prompt file, batch size 2."""
-    from cli.main import main
+    from routescope.cli.main import main
 
     out = tmp_path_factory.mktemp("single") / "single.parquet"
     assert main(["export", str(checkpoint("gumbel_v1")), "--prompts", str(prompt_file), "--out", str(out),
@@ -170,7 +170,7 @@ def test_a_worker_dying_mid_partition_is_restarted_and_its_partition_redone(clus
 
 
 def test_jsonl_and_parquet_prompts_read_as_the_single_process_reads_a_tsv(cluster, checkpoint, tmp_path):
-    from cli.main import main
+    from routescope.cli.main import main
 
     texts = [p for p in PROMPTS if p.strip()]
     ids = [f"Q{k}" for k in range(len(texts))]
@@ -195,7 +195,7 @@ def test_jsonl_and_parquet_prompts_read_as_the_single_process_reads_a_tsv(cluste
 
 
 def test_parquet_prompts_without_ids_are_numbered_like_command_line_prompts(cluster, checkpoint, tmp_path):
-    from cli.main import main
+    from routescope.cli.main import main
 
     texts = ["Once upon a time", "Solve this problem", "She loved her toys"]
     ck = checkpoint("gumbel_v2")
@@ -247,7 +247,7 @@ def test_the_command_starts_a_local_cluster_and_stops_every_process_it_started(c
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", D.CRASH_ONCE_ENV)}
     env[TOKEN] = token
     out = tmp_path / "ds"
-    cmd = [sys.executable, "-m", "cli", "export", str(checkpoint("gumbel_v1")), "--prompts", str(prompt_file),
+    cmd = [sys.executable, "-m", "routescope.cli", "export", str(checkpoint("gumbel_v1")), "--prompts", str(prompt_file),
            "--out", str(out), "--engine", "ray", "--workers", "2", "--partition-size", "4", "--batch-size", "2",
            "--quiet", "--device", "cpu"]
     with running(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:

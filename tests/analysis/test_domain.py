@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis import columns as C
-from analysis import domain as D
-from core_models import tracing
+from routescope.analysis import columns as C
+from routescope.analysis import domain as D
+from routescope.core_models import from_name, tracing
 from tiny_models import tiny_model
 
 
@@ -55,7 +55,8 @@ def test_table6_matches_hand_routes(tokenizer, vocab_size, probes, key, majority
         assert row[C.ROUTES] == ">".join(map(str, want)), row[C.PROMPT_ID]
         everything += [(r, int(row[C.EXPECTED_PATH])) for r in want]
     assert table[C.PAPER_ROUTES].tolist() == probes[D.paper_column(c)].tolist()
-    s = D.route_summary(routes, c.n_paths, combined=c.combiner != "share_linear")
+    s = D.table6_summary(c, ours=routes)
+    assert set(s[C.SOURCE]) == {"ours"}
     got = dict(zip(s[C.METRIC], s[C.VALUE]))
     n = len(everything)
     for j in range(1, c.n_paths + 1):
@@ -65,9 +66,10 @@ def test_table6_matches_hand_routes(tokenizer, vocab_size, probes, key, majority
 
 
 def test_summary_of_the_papers_routes_reproduces_its_numbers(probes):
-    def summary(combiner, n_paths=2):
-        s = D.route_summary(D.paper_routes(probes, combiner), n_paths, combined=combiner != "share_linear",
-                            source="paper")
+    def summary(combiner):
+        config = from_name("papaformer-" + combiner.replace("_", "-"))  # a 3-path model: the paper's 2 still count
+        s = D.table6_summary(config, paper=D.paper_routes(probes, combiner))
+        assert set(s[C.SOURCE]) == {"paper"}
         return {m: round(v, 3) for m, v in zip(s[C.METRIC], s[C.VALUE])}
 
     assert summary("gumbel_v1") == {"route 1": 0.483, "route 2": 0.5, "combined": 0.017, "accuracy": 0.4,
@@ -82,7 +84,7 @@ def test_undefined_share_linear_layer_is_na():
     model = tiny_model("share_linear", fused_grow=True)
     with torch.no_grad(), tracing() as tr:
         model(torch.tensor([[1, 2, 3]]))
-    r = D.layer_routes(tr, model.config)
+    r = D.layer_routes(tr, model)
     assert r[C.ROUTE].isna().tolist() == [False, True]
 
 

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis import columns as C
-from analysis.effects import ablation_effects, first_divergence, generation_diff
-from core_models import Ablation
-from core_models.generate import generate
+from routescope.analysis import columns as C
+from routescope.analysis.effects import ablation_effects, first_divergence, generation_diff
+from routescope.core_models import Ablation
+from routescope.core_models.generate import generate
 from tiny_models import tiny_model
 from tolerances import EPS32, assert_close_to_scale
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import core_models.training as training
-from analysis import domain as D
+import routescope.core_models.training as training
+from routescope.analysis import domain as D
 
-from core_models.training import corpus
+from routescope.corpora import corpus
 
 HELDOUT_PROBES = Path(D.__file__).parent / "data" / "heldout_probes.tsv"
 TEMPLATE_FILES = sorted(Path(training.__file__).parent.glob("*.py"))

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis import domain as D
-from analysis import report as R
-from core_models import Ablation, tracing
-from core_models.checkpoint import load_checkpoint
+from routescope.analysis import domain as D
+from routescope.analysis import report as R
+from routescope.core_models import Ablation, tracing
+from routescope.core_models.checkpoint import load_checkpoint
 
 SECTIONS = ("shares", "accuracy", "selective", "drops")
 
@@ -173,6 +173,6 @@ def test_command_writes_the_page_and_refuses_bad_outputs(cli, checkpoint, tmp_pa
             cli(["report", ck, "--out", bad])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]  # nothing else written
     for other in ("llama", "pgpt"):
-        with pytest.raises(ValueError, match=f"per-token routes \\(papaformer, moep\\); {other}"):
+        with pytest.raises(ValueError, match=f"{other} has no per-token routes to read \\(families with them: papaformer, moep\\)"):
             cli(["report", checkpoint(other), "--out", tmp_path / "x.html"])
     assert not (tmp_path / "x.html").exists()

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis import columns as C
-from analysis import routing as R
-from core_models import Ablation, tracing
-from core_models.generate import generate
+from routescope.analysis import columns as C
+from routescope.analysis import routing as R
+from routescope.core_models import Ablation, tracing
+from routescope.core_models.generate import generate
 from tiny_models import tiny_model
 from tolerances import assert_close_to_scale
 
@@ -315,7 +315,7 @@ EXPECTED_KINDS = {
 
 @pytest.mark.parametrize("key", sorted(EXPECTED_KINDS))
 def test_routing_table_schema_for_every_family(key):
-    from analysis.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model(key)
     x = ids(2, 5, seed=1)
@@ -336,7 +336,7 @@ def test_routing_table_schema_for_every_family(key):
 
 
 def test_routing_table_counts_for_gumbel():
-    from analysis.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model("gumbel_v1")
     tr = run(model, ids(1, 4))
@@ -350,7 +350,7 @@ def test_routing_table_counts_for_gumbel():
 
 
 def test_routing_table_from_a_generation_trace_marks_generated_positions():
-    from analysis.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model("moep")
     g = generate(model, [1, 2, 3], max_new_tokens=4, trace_sites=None)
@@ -363,7 +363,7 @@ def test_routing_table_from_a_generation_trace_marks_generated_positions():
 
 
 def test_routing_table_wiola_with_atm_has_merge_rows(wiola_atm):
-    from analysis.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.table import ExportMeta, RowMeta, routing_table
 
     model, tr = wiola_atm
     rows = [RowMeta(str(b), list(range(12))) for b in range(2)]

@@ -1,6 +1,8 @@
 """A routed family defined in this file only, registered through `core_models.registry` and nothing
 else, goes through the analysis (views), the export (`routescope export`, CSV) and the app's
-Routing view: the project learns about its routing from the `RoutingLayer` marker alone.
+Routing view: the project learns about its routing from the `RoutingLayer` marker alone. Then the
+family adds a view of its own (a family-table entry in `analysis.families` and a drawer in
+`app.components.drawers`, both registered from this file) and the app draws it.
 
 The toy model: embeddings, L "lane" layers x + sum_j w_j lane_j(x) with w = softmax(gate(x)) over n
 lanes (dropped lanes masked out, a forced lane weighted 1), an untied head. Each layer records its
@@ -8,6 +10,7 @@ option weights at `<layer>.option_weights`, the site generic analyses read."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,16 +19,17 @@ import pytest
 import torch
 from torch import nn
 
-from analysis import columns as C
-from analysis.export import read_csv
-from analysis.session import RunSettings, run_prompt
+from routescope.analysis import columns as C
+from routescope.analysis import families
+from routescope.analysis.export import read_csv
+from routescope.analysis.session import RunSettings, run_prompt
 from conftest import VOCAB
-from core_models import registry
-from core_models.base import RouteScopeLM
-from core_models.checkpoint import save_checkpoint
-from core_models.config import BaseConfig
-from core_models.runtime import Ablation
-from core_models.sites import OPTION_WEIGHTS, RoutingLayer, Site
+from routescope.core_models import registry
+from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.checkpoint import save_checkpoint
+from routescope.core_models.config import BaseConfig
+from routescope.core_models.runtime import Ablation
+from routescope.core_models.sites import OPTION_WEIGHTS, RoutingLayer, Site
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
 PROMPT = "Once upon a time, there was a little girl"
@@ -95,6 +99,43 @@ def toy_family():
     registry.FAMILIES.pop("toy")
 
 
+# --- a view of the toy family's own: the entropy of each layer's lane weights per token ------------
+
+ENTROPY = "entropy"
+
+
+def toy_views(trace, model, **kw):
+    """The generic views, plus `lane_entropy`: per layer and token, H(w) in nats of its lane weights."""
+    base = families.GENERIC.views(trace, model, **kw)
+    w = base["options"].frame
+    keys = [C.BATCH, C.POSITION, C.LAYER]
+    p = w[C.WEIGHT].to_numpy(dtype=float)
+    ent = w.assign(h=np.where(p > 0, -p * np.log(np.where(p > 0, p, 1.0)), 0.0)).groupby(keys, sort=False)["h"].sum()
+    return {**base, "lane_entropy": families.View(ent.rename(ENTROPY).reset_index(), "toy_entropy")}
+
+
+def draw_entropy(name, view, ctx):
+    from routescope.app.components import figures as F
+
+    v = view.frame[view.frame[C.BATCH] == 0]
+    layers = sorted(set(v[C.LAYER]))
+    z = np.full((len(layers), len(ctx.tokens)), np.nan)
+    z[v[C.LAYER].map(layers.index).to_numpy(), v[C.POSITION].to_numpy()] = v[ENTROPY].to_numpy()
+    hover = np.full(z.shape, "", dtype=object)
+    return {name: F.value_heatmap(z, hover, layers, ctx.tokens, "Lane entropy per token (nats)", ctx.n_prompt)}
+
+
+@pytest.fixture
+def toy_view(toy_family, monkeypatch):
+    """The toy family's own view and its drawer, registered for one test (AppTest runs the app in
+    this process, so it sees them)."""
+    from routescope.app.components import drawers
+
+    monkeypatch.setitem(families.FAMILIES, "toy", families.FamilyAnalysis(views=toy_views,
+                                                                          export=families.GENERIC.export))
+    monkeypatch.setitem(drawers.DRAWERS, "toy_entropy", draw_entropy)
+
+
 @pytest.fixture(scope="module")
 def toy(toy_family, tokenizer, tmp_path_factory):
     torch.manual_seed(0)
@@ -134,8 +175,8 @@ def test_analysis_views_hold_the_recomputed_weights(toy):
     model, tok, _ = toy
     ab = Ablation(drop=(("layers.0", 1),))
     run = run_prompt(model, tok, PROMPT, settings=RunSettings(max_new_tokens=0), ablation=ab)
-    v = run.views.options
-    assert set(run.views.frames()) == {"options"}
+    v = run.views["options"].frame
+    assert set(run.views) == {"options"} and run.views["options"].drawer == "option_weights"
     want = lane_weights(model, run.ids, ab)
     for i, w in enumerate(want):
         got = v[v[C.LAYER] == f"layers.{i}"].sort_values([C.POSITION, C.OPTION])
@@ -146,7 +187,7 @@ def test_analysis_views_hold_the_recomputed_weights(toy):
 
 
 def test_export_writes_the_weights(toy, tmp_path):
-    from cli.main import main
+    from routescope.cli.main import main
 
     model, tok, path = toy
     out = tmp_path / "toy.csv"
@@ -165,7 +206,7 @@ def test_export_writes_the_weights(toy, tmp_path):
 def test_the_app_draws_its_routing_and_offers_its_ablations(toy, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from app import state as K
+    from routescope.app import state as K
 
     _, _, path = toy
     monkeypatch.setenv("ROUTESCOPE_CHECKPOINTS", str(Path(path).parent))
@@ -183,3 +224,32 @@ def test_the_app_draws_its_routing_and_offers_its_ablations(toy, monkeypatch):
     choice = next(f for f in figs if f["layout"]["title"]["text"].startswith("Option with the largest"))
     assert choice["data"][0]["colorbar"]["ticktext"] == ["lane 0", "lane 1", "lane 2"]
     assert choice["data"][0]["y"] == ["layers.0", "layers.1"]
+
+
+def test_a_view_of_its_own_is_computed_and_drawn_by_the_app(toy, toy_view, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from routescope.app import state as K
+
+    model, tok, path = toy
+    run = run_prompt(model, tok, PROMPT, settings=RunSettings(max_new_tokens=0))
+    assert list(run.views) == ["options", "lane_entropy"]
+    ent = run.views["lane_entropy"].frame
+    for i, w in enumerate(lane_weights(model, run.ids)):  # H(w) by a plain loop over tokens and lanes
+        want = [-sum(p * math.log(p) for p in row if p > 0) for row in w]
+        got = ent[ent[C.LAYER] == f"layers.{i}"].sort_values(C.POSITION)[ENTROPY].to_numpy()
+        assert_close_to_scale(got, np.array(want), FORWARD_EPS)
+
+    import streamlit as st
+
+    st.cache_resource.clear()  # runs cached by the test above were analysed before the view existed
+    monkeypatch.setenv("ROUTESCOPE_CHECKPOINTS", str(Path(path).parent))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=120)
+    at.run()
+    at.selectbox(key=K.CHECKPOINT).set_value(str(path)).run()
+    at.segmented_control(key=K.VIEW).set_value("Routing").run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    figs = {f["layout"]["title"]["text"]: f for f in (json.loads(c.proto.spec) for c in at.get("plotly_chart"))}
+    drawn = figs["Lane entropy per token (nats)"]
+    assert drawn["data"][0]["y"] == ["layers.0", "layers.1"]
+    assert any(t.startswith("Option with the largest weight") for t in figs)  # the generic views stay

@@ -11,9 +11,9 @@ import pytest
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
-from analysis.catalog import checkpoint_roots, list_checkpoints
-from analysis.columns import EXPORT_SCHEMA
-from app import state as K
+from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
+from routescope.analysis.columns import EXPORT_SCHEMA
+from routescope.app import state as K
 from charts import heatmap_titles
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
@@ -226,7 +226,7 @@ def test_valid_upload_opens():
 
 
 def test_oversized_upload_is_rejected(monkeypatch):
-    import app.resources as resources
+    import routescope.app.resources as resources
     monkeypatch.setattr(resources, "MAX_UPLOAD_BYTES", 1000)
     at = _upload(fresh(), list(_ckpt_files(BY_FAMILY["pgpt"].path).items()))
     assert any("limit" in e.value and "model.safetensors" in e.value for e in at.error)
@@ -255,7 +255,7 @@ def test_two_sessions_never_see_each_others_ablation():
 
 
 def test_imported_checkpoint_without_tokenizer_is_listed_and_explained(tmp_path, monkeypatch):
-    from core_models.importers import import_checkpoint
+    from routescope.core_models.importers import import_checkpoint
     fixtures = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "reference" / "papaformer_gumbel_v1"
     if not fixtures.is_dir():
         pytest.skip("parity fixtures not available")
@@ -315,9 +315,9 @@ def test_changed_tokens_counts_the_ablated_continuations_tokens():
     unablated continuation, recounted here from the two runs' ids with difflib's matching blocks."""
     import difflib
 
-    from analysis.session import RunSettings, run_prompt
-    from core_models.checkpoint import load_checkpoint
-    from core_models.runtime import Ablation
+    from routescope.analysis.session import RunSettings, run_prompt
+    from routescope.core_models.checkpoint import load_checkpoint
+    from routescope.core_models.runtime import Ablation
 
     info = BY_FAMILY["papaformer-gumbel-v2"]
     at = view(pick(fresh(), info.name), "Ablation diff")

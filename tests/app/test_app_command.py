@@ -32,7 +32,7 @@ def serving_app(tmp_path: Path, *flags: str, **env: str) -> Iterator[tuple[subpr
     its own), once /_stcore/health answers ok: (process, url, its output file). Stopped on exit."""
     home = tmp_path / "home"
     home.mkdir()
-    port, log = free_port(), tmp_path / "app.log"
+    port, log = free_port(), tmp_path / "routescope.app.log"
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out, running([str(ROUTESCOPE), "app", "--port", str(port), *flags],
                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -61,8 +61,8 @@ def test_readme_command_serves_with_stdin_closed_and_no_streamlit_config(tmp_pat
 def test_streamlit_command_never_prompts_and_opens_a_browser_only_on_a_display(display, flag, headless):
     """With a display Streamlit is not headless, which is when it would ask for an email on a first
     run: the prompt must be off whatever the display (the served test above runs without one)."""
-    from cli.app import streamlit_command
-    from cli.main import build_parser
+    from routescope.cli.app import streamlit_command
+    from routescope.cli.main import build_parser
 
     args = build_parser().parse_args(["app", "--port", "8599", *flag])
     cmd = streamlit_command("app/main.py", args, display)

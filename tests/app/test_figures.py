@@ -1,7 +1,7 @@
 """Figure builders (no Streamlit): token axis labels stay few enough to draw fast, data stays whole."""
 import numpy as np
 
-from app.components.figures import (MAX_TOKEN_LABELS, PALETTE, ChoiceGrid, choice_heatmap, has_divider,
+from routescope.app.components.figures import (MAX_TOKEN_LABELS, PALETTE, ChoiceGrid, choice_heatmap, has_divider,
                                     stacked_choice_heatmaps, show_token, token_ticks)
 
 

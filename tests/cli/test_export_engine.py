@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from cli.main import build_parser
+from routescope.cli.main import build_parser
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_shard_and_several_outputs_are_refused_with_the_ray_engine(cli, prompts,
 
 
 def test_without_ray_the_message_names_the_extra(cli, prompts, tmp_path, monkeypatch, capsys):
-    from cli.main import main
+    from routescope.cli.main import main
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as in a base install without the distributed extra
     with pytest.raises(ValueError, match=r"needs Ray: pip install 'routescope\[distributed\]'"):
@@ -54,8 +54,8 @@ def test_the_export_modules_import_without_ray():
     import subprocess
 
     code = ("import sys; sys.modules['ray'] = None\n"
-            "from cli.main import build_parser\n"
-            "import analysis.distributed, analysis.batch_export\n"  # importable without ray: ray is imported lazily
+            "from routescope.cli.main import build_parser\n"
+            "import routescope.analysis.distributed, analysis.batch_export\n"  # importable without ray: ray is imported lazily
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

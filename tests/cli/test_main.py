@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cli.main import COMMANDS, build_parser
+from routescope.cli.main import COMMANDS, build_parser
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -26,8 +26,8 @@ def test_every_command_module_is_a_subcommand():
 
 
 def test_choices_are_the_defining_modules_constants():
-    from analysis import attribution
-    from core_models import importers, papaformer, runtime
+    from routescope.analysis import attribution
+    from routescope.core_models import importers, papaformer, runtime
 
     sub = _subparsers(build_parser())
     assert _choices(sub["generate"], "--routing") == runtime.ROUTING_MODES

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.export import read_csv
+from routescope.analysis.export import read_csv
 from procs import free_port, running, wait_for_health
 
 pytestmark = pytest.mark.e2e
@@ -48,8 +48,8 @@ def app_url():
     ARTIFACTS.mkdir(exist_ok=True)
     url = f"http://127.0.0.1:{port}"
     # the app's output is kept (an unread pipe could fill and stall it)
-    with (ARTIFACTS / "app.log").open("w") as log, \
-            running([sys.executable, "-m", "cli", "app", "--port", str(port), "--headless", "--address",
+    with (ARTIFACTS / "routescope.app.log").open("w") as log, \
+            running([sys.executable, "-m", "routescope.cli", "app", "--port", str(port), "--headless", "--address",
                      "127.0.0.1"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT) as proc:
         wait_for_health(url, proc)
@@ -208,7 +208,7 @@ def test_downloads_clicked_close_together_all_arrive(app_url, browser, tmp_path)
     work offline) and load no script from elsewhere."""
     from plotly.offline import get_plotlyjs
 
-    log = ARTIFACTS / "app.log"
+    log = ARTIFACTS / "routescope.app.log"
     log_start = log.stat().st_size if log.exists() else 0
     page = browser.new_page(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
     got = []

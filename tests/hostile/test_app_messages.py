@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.domain import DEFAULT_PROBES
-from core_models.checkpoint import CheckpointError, load_checkpoint
+from routescope.analysis.domain import DEFAULT_PROBES
+from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app" / "main.py")
@@ -66,10 +66,10 @@ def test_table6_caption_names_the_shipped_probes_by_file_name():
     no_leaks(at)
     caption = next(c.value for c in at.caption if c.value.startswith("Probes:"))
     assert caption.startswith(f"Probes: {DEFAULT_PROBES.name} (the paper's probes, shipped with RouteScope).")
-    # shipped as package data of `analysis`: the file sits in the package and pyproject includes it
+    # shipped as package data of `routescope.analysis`: the file sits in the package and pyproject includes it
     package = ROOT / "analysis"
     assert DEFAULT_PROBES.resolve().parent.parent == package.resolve()
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["analysis"]
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["routescope.analysis"]
     assert any(fnmatch.fnmatch(DEFAULT_PROBES.relative_to(package).as_posix(), g) for g in globs)
 
 

@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from cli.main import main
-from core_models import build_model
-from core_models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from core_models.importers import ImportError_, import_checkpoint, pgpt_rule, target_config
+from routescope.cli.main import main
+from routescope.core_models import build_model
+from routescope.core_models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from routescope.core_models.importers import ImportError_, import_checkpoint, pgpt_rule, target_config
 
 from tiny_models import TINY, tiny_model
 
@@ -169,7 +169,7 @@ def test_huge_configs_never_allocate_under_a_2gb_address_space(tmp_path):
     what refuses), each huge config gets the one-line message (before, torch failed to allocate 17 GB
     to 512 TB with a traceback), and its peak RSS is that of a run refused before any model code."""
     limit = 2 * 2**30
-    cli = [sys.executable, "-m", "cli", "--threads", "1", "generate"]
+    cli = [sys.executable, "-m", "routescope.cli", "--threads", "1", "generate"]
     _, ck = good(tmp_path, name="good")
     code, err, good_rss = _peak_rss_mb(cli + [str(ck), PROMPT, "--max-new-tokens", "2"], tmp_path, limit)
     assert code == 0, err
@@ -286,7 +286,7 @@ def test_generate_json_writes_null_for_non_finite_probabilities(tmp_path, capsys
 
 
 def test_finite_json_replaces_every_non_finite_number():
-    from cli.common import finite_json
+    from routescope.cli.common import finite_json
     doc = {"a": float("nan"), "b": [1.5, float("inf"), {"c": -float("inf")}], "d": "NaN", "e": 2}
     assert finite_json(doc) == {"a": None, "b": [1.5, None, {"c": None}], "d": "NaN", "e": 2}
     json.dumps(finite_json(doc), allow_nan=False)
@@ -388,8 +388,8 @@ def test_loading_in_one_thread_leaves_model_building_in_another_untouched():
     app loads a checkpoint for one session while another builds or runs models."""
     import threading
 
-    from core_models.checkpoint import _ParametersOnMeta
-    from core_models.registry import _SkipParameterInit
+    from routescope.core_models.checkpoint import _ParametersOnMeta
+    from routescope.core_models.registry import _SkipParameterInit
 
     config = tiny_model("llama").config
     entered, release = threading.Event(), threading.Event()

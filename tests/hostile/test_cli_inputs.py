@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis import domain as D
-from cli.main import main
-from core_models import tracing
-from core_models.checkpoint import load_checkpoint
+from routescope.analysis import domain as D
+from routescope.cli.main import main
+from routescope.core_models import tracing
+from routescope.core_models.checkpoint import load_checkpoint
 from tolerances import EPS32, FORWARD_EPS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def test_bad_option_values(capsys, tmp_path, argv, command, fragments):
 
 def test_huge_thread_count_is_refused_not_a_crash(tmp_path):
     """--threads 100000 used to reach torch.set_num_threads and segfault (so: a subprocess)."""
-    proc = subprocess.run([sys.executable, "-m", "cli", "--threads", "100000", "routes", str(CK)],
+    proc = subprocess.run([sys.executable, "-m", "routescope.cli", "--threads", "100000", "routes", str(CK)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
@@ -158,8 +158,8 @@ def test_prompt_files(capsys, tmp_path):
 
 
 def test_good_export_still_writes_every_prompt(capsys, tmp_path):
-    from analysis import columns as C
-    from analysis.export import read_csv
+    from routescope.analysis import columns as C
+    from routescope.analysis.export import read_csv
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("\ufeffOnce upon a time\n\nSolve this\u2028now\n", encoding="utf-8")  # BOM, U+2028 inside
@@ -209,7 +209,7 @@ def test_probe_path_that_is_no_file(capsys, tmp_path):
 def corpus_probes(n: int, seed: int = 3) -> list[tuple[str, str, int, str]]:
     """(prompt_id, domain, expected_path, prompt): story/math training documents cut to 1..60 words,
     every 50th the whole document four times over (longer than the context: its tail is kept)."""
-    from core_models.training.corpus import iter_documents
+    from routescope.corpora.corpus import iter_documents
 
     rng, docs, out = random.Random(seed), [iter_documents(d, seed) for d in ("story", "math")], []
     for i in range(n):

@@ -20,8 +20,8 @@ from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 from tokenizers import Tokenizer
 
-from analysis import columns as C
-from analysis.export import csv_kind, csv_kinds, frame_csv_bytes, read_csv, read_frame_csv
+from routescope.analysis import columns as C
+from routescope.analysis.export import csv_kind, csv_kinds, frame_csv_bytes, read_csv, read_frame_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app" / "main.py")
@@ -195,7 +195,7 @@ def test_dataframe_csv_export_is_off():
 # --- the command line --------------------------------------------------------------------------
 
 def _export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", "--threads", "1", "export",
+    return subprocess.run([sys.executable, "-m", "routescope.cli", "--threads", "1", "export",
                            str(CHECKPOINTS / "papaformer-gumbel-v1"), *args, "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from core_models import Ablation, InputError
-from core_models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from core_models.generate import Sampling, filter_logits, generate
+from routescope.core_models import Ablation, InputError
+from routescope.core_models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from routescope.core_models.generate import Sampling, filter_logits, generate
 
 from tiny_models import tiny_model
 from tolerances import FORWARD_EPS, assert_close_to_scale

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core_models import ConfigError, InputError, build_model, config_from_dict, param_count, tracing
-from core_models.layers import gelu, gelu_exact, rms_norm
+from routescope.core_models import ConfigError, InputError, build_model, config_from_dict, param_count, tracing
+from routescope.core_models.layers import gelu, gelu_exact, rms_norm
 
 from tiny_models import TINY, tiny_model
 from tolerances import FORWARD_EPS, assert_close_to_scale
@@ -136,7 +136,7 @@ def test_pagmlp_starts_balanced_and_costs_what_swiglu_costs():
 
 
 def TINY_cfg(key):
-    from core_models import from_name
+    from routescope.core_models import from_name
     preset, over = TINY[key]
     return from_name(preset, **over)
 

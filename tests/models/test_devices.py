@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from core_models import devices, tracing
-from core_models.base import LMOutput
-from core_models.checkpoint import load_checkpoint, save_checkpoint
-from core_models.generate import generate
+from routescope.core_models import devices, tracing
+from routescope.core_models.base import LMOutput
+from routescope.core_models.checkpoint import load_checkpoint, save_checkpoint
+from routescope.core_models.generate import generate
 from tiny_models import TINY, tiny_model
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
@@ -84,7 +84,7 @@ def test_dtypes_by_name_and_refusals():
 
 
 def test_the_cli_refuses_a_missing_device_before_loading(machine, capsys, tmp_path):
-    from cli.main import main
+    from routescope.cli.main import main
 
     machine(cuda=False)
     assert main(["generate", str(tmp_path / "no-checkpoint-needed"), "hi", "--device", "cuda"]) == 2
@@ -193,7 +193,7 @@ def test_a_bfloat16_models_trace_is_its_values_widened_to_float32_on_the_cpu(key
 def test_integrated_gradients_run_in_bfloat16_close_to_float32(key):
     """The blended embedding stays in the model's dtype (a float32 blend broke every bfloat16 layer);
     the attributions are those of float32 within BF16_TOL of their scale on these models."""
-    from analysis.attribution import TokenAttribution
+    from routescope.analysis.attribution import TokenAttribution
 
     ids = IDS[0]
     want = TokenAttribution(tiny_model(key)).attribute(ids, n_steps=16)
@@ -236,9 +236,9 @@ def test_bfloat16_is_within_the_stated_tolerance_of_float32(name):
     everything downstream of it; so are the logits of a Gumbel prompt whose hard route flipped."""
     import pandas as pd
 
-    from analysis import batch_export as B
-    from analysis.domain import iter_probes
-    from analysis.prompts import TokenText
+    from routescope.analysis import batch_export as B
+    from routescope.analysis.domain import iter_probes
+    from routescope.analysis.prompts import TokenText
 
     ref, tok = load_checkpoint(ROOT / "checkpoints" / name)
     low, _ = load_checkpoint(ROOT / "checkpoints" / name, dtype="bfloat16")

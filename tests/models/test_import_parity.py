@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from core_models import Ablation, tracing
-from core_models.checkpoint import load_checkpoint
-from core_models.generate import generate
-from core_models.importers import ImportError_, convert, import_checkpoint
+from routescope.core_models import Ablation, tracing
+from routescope.core_models.checkpoint import load_checkpoint
+from routescope.core_models.generate import generate
+from routescope.core_models.importers import ImportError_, convert, import_checkpoint
 
 from reference_forward import papaformer_forward, papaformer_keys, pgpt_forward, pgpt_keys
 from tolerances import EPS32, assert_close_to_scale

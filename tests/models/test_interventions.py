@@ -5,8 +5,8 @@ import threading
 import pytest
 import torch
 
-from core_models import Ablation, AblationError, tracing
-from core_models.runtime import active_trace
+from routescope.core_models import Ablation, AblationError, tracing
+from routescope.core_models.runtime import active_trace
 
 from tiny_models import tiny_model
 from tolerances import FORWARD_EPS, assert_close_to_scale

@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 
-from core_models import Ablation, ConfigError, build_model, from_name, param_count, tracing
-from core_models.moep import MoEP, MoEPConfig, aux_key, moep_param_count
-from core_models.paper_configs import PAPER_CONFIGS
+from routescope.core_models import Ablation, ConfigError, build_model, from_name, param_count, tracing
+from routescope.core_models.moep import MoEP, MoEPConfig, aux_key, moep_param_count
+from routescope.core_models.paper_configs import PAPER_CONFIGS
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
 EPS32 = torch.finfo(torch.float32).eps

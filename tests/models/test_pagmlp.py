@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from core_models import Ablation, ConfigError, build_model, config_from_dict, from_name, param_count, tracing
-from core_models.layers import PAGMLP, seeded_dropout
-from core_models.runtime import RunState, running
-from core_models.sites import name_sites
+from routescope.core_models import Ablation, ConfigError, build_model, config_from_dict, from_name, param_count, tracing
+from routescope.core_models.layers import PAGMLP, seeded_dropout
+from routescope.core_models.runtime import RunState, running
+from routescope.core_models.sites import name_sites
 
 from tolerances import assert_close_to_scale
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from core_models import build_model, from_name, tracing
-from core_models.importers import papaformer_rule
-from core_models.paper_configs import PAPER_CONFIGS
-from core_models.registry import param_count
-from core_models.routers import AUX_BALANCE, AUX_ENTROPY
+from routescope.core_models import build_model, from_name, tracing
+from routescope.core_models.importers import papaformer_rule
+from routescope.core_models.paper_configs import PAPER_CONFIGS
+from routescope.core_models.registry import param_count
+from routescope.core_models.routers import AUX_BALANCE, AUX_ENTROPY
 from reference_forward import papaformer_keys
 from tiny_models import tiny_model
 
@@ -99,7 +99,7 @@ def test_a_step_on_the_aux_loss_softens_routing(key, term):
 
 
 def test_aux_is_not_computed_at_inference_or_when_forced():
-    from core_models import Ablation
+    from routescope.core_models import Ablation
 
     model = tiny_model("gumbel_v1")
     with tracing() as tr:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from core_models import param_count
-from core_models.paper_configs import PAPER_CONFIGS, PaperConfig, PaperCount
+from routescope.core_models import param_count
+from routescope.core_models.paper_configs import PAPER_CONFIGS, PaperConfig, PaperCount
 
 from tiny_models import tiny_model
 

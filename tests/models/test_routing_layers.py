@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core_models.base import RouteScopeLM
-from core_models.sites import RoutingLayer, Site, site_name
+from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.sites import RoutingLayer, Site, site_name
 from tiny_models import TINY, tiny_model
 
 
@@ -66,7 +66,7 @@ def test_can_force_where_a_router_decides(key, forceable):
 @pytest.mark.parametrize("key", ["pagmlp", "share_linear"])
 def test_forcing_a_layer_without_router_drops_the_others(key):
     """Layers without a router: force j is drop every other option (same logits)."""
-    from core_models.runtime import Ablation
+    from routescope.core_models.runtime import Ablation
     model = tiny_model(key)
     layer, n = next(iter(model.routing_layers().items()))
     x = torch.randint(0, model.vocab_size, (1, 6))

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from core_models.checkpoint import load_checkpoint
-from core_models.generate import generate
+from routescope.core_models.checkpoint import load_checkpoint
+from routescope.core_models.generate import generate
 
 ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
 SHIPPED = sorted(d.name for d in ROOT.iterdir()
@@ -37,7 +37,7 @@ def test_checkpoint_loads_and_generates(name):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_reported_validation_loss_is_reproduced(name):
     """Measured again on the first 30 documents of the same fixed validation split."""
-    from core_models.training.trainer import TrainConfig, evaluate, validation_batches
+    from routescope.core_models.training.trainer import TrainConfig, evaluate, validation_batches
 
     model, tok = load_checkpoint(ROOT / name)
     summary = json.loads((ROOT / name / "training.json").read_text())

@@ -61,8 +61,8 @@ def _gumbel(path: Path) -> bool:
 def test_shipped_gumbel_checkpoints_route_at_most_a_fifth_to_combined(path, majority):
     """A fixed property of the shipped weights (issue 12): on the paper's Table 6 probes at most 20%
     of the (prompt, layer) routes take the combined representation, counted from the raw routes."""
-    from analysis import domain as D
-    from core_models.checkpoint import load_checkpoint
+    from routescope.analysis import domain as D
+    from routescope.core_models.checkpoint import load_checkpoint
 
     model, tok = load_checkpoint(path)
     routes = D.probe_routes(model, tok, D.read_probes(D.DEFAULT_PROBES), majority=majority)

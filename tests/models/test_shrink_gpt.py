@@ -3,7 +3,7 @@ and the paper's 36.4M at its own configuration (built on the meta device)."""
 import pytest
 import torch
 
-from core_models import ConfigError, build_model, from_name, param_count
+from routescope.core_models import ConfigError, build_model, from_name, param_count
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
 # the paper's configuration: GPTConfig(n_layer=8, n_head=8, n_embd=512, block_size=1024) with

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core_models import Ablation, ConfigError, tracing
-from core_models.registry import PRESETS, build_model, from_name
-from core_models.wiola import Wiola, WiolaConfig, wiola_component_counts, wiola_param_count
-from core_models.wiola_parts import SRPE, WiolaRMSNorm, greedy_merge_map
+from routescope.core_models import Ablation, ConfigError, tracing
+from routescope.core_models.registry import PRESETS, build_model, from_name
+from routescope.core_models.wiola import Wiola, WiolaConfig, wiola_component_counts, wiola_param_count
+from routescope.core_models.wiola_parts import SRPE, WiolaRMSNorm, greedy_merge_map
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
 TINY = dict(vocab_size=97, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, context=48)
@@ -213,7 +213,7 @@ def test_cached_decoding_equals_full_recompute(model):
 
 
 def test_generate_with_cache_matches_recompute(model):
-    from core_models.generate import generate
+    from routescope.core_models.generate import generate
 
     prompt = ids(1, 5, seed=2)[0].tolist()
     gen = generate(model, prompt, max_new_tokens=10, trace_sites=["blocks.1.dsff.gate"])

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from core_models import Ablation, build_model, from_name, tracing
-from core_models.training.compose import compose
+from routescope.core_models import Ablation, build_model, from_name, tracing
+from routescope.core_models.training.compose import compose
 
 from tolerances import FORWARD_EPS, assert_close_to_scale
 

@@ -16,8 +16,8 @@ from itertools import islice
 
 import pytest
 
-from core_models.training import corpus, lexicon, stories
-from core_models.training.math_problems import MathProblem
+from routescope.corpora import corpus, lexicon, stories
+from routescope.corpora.math_problems import MathProblem
 
 HAS_SYMPY = importlib.util.find_spec("sympy") is not None
 

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from core_models.checkpoint import load_checkpoint, save_checkpoint
-from core_models.routers import AUX_BALANCE, AUX_ENTROPY, AUX_Z
-from core_models.training.compose import compose
-from core_models.training.tokenizer import train_tokenizer
-from core_models.training.trainer import TrainConfig, frozen_parameters, tau_at, train
-from core_models import build_model, from_name
+from routescope.core_models.checkpoint import load_checkpoint, save_checkpoint
+from routescope.core_models.routers import AUX_BALANCE, AUX_ENTROPY, AUX_Z
+from routescope.core_models.training.compose import compose
+from routescope.core_models.training.tokenizer import train_tokenizer
+from routescope.core_models.training.trainer import TrainConfig, frozen_parameters, tau_at, train
+from routescope.core_models import build_model, from_name
 from tiny_models import tiny_model
 
 PATHS = "parallel.*.paths.*"
@@ -101,7 +101,7 @@ def test_frozen_parameters_stay_unchanged_for_the_warm_up_then_train(start, tok,
 def test_labelled_text_is_the_mixed_stream_with_its_domains():
     from itertools import islice
 
-    from core_models.training import corpus
+    from routescope.corpora import corpus
 
     labelled = list(islice(corpus.iter_labelled_text({"story": 0.5, "math": 0.5}, 3), 12))
     assert [t for _, t in labelled] == list(islice(corpus.iter_text({"story": 0.5, "math": 0.5}, 3), 12))
@@ -115,8 +115,8 @@ def test_labelled_text_is_the_mixed_stream_with_its_domains():
 def test_token_stream_labels_every_token_with_its_documents_domain(tok):
     from itertools import islice
 
-    from core_models.training import corpus
-    from core_models.training.trainer import TokenStream, domain_route_targets
+    from routescope.corpora import corpus
+    from routescope.core_models.training.trainer import TokenStream, domain_route_targets
 
     c = TrainConfig(preset="x", batch_size=4, seq_len=64, domain_routes={"story": 0, "math": 1}, domain_route_steps=1)
     stream = TokenStream(tok, c)
@@ -141,7 +141,7 @@ def test_route_targets_fix_the_forward_route_and_still_train_the_router():
     ids = _ids()
     targets = torch.full(ids.shape, -1, dtype=torch.long)
     targets[0] = 1  # row 0 forced to option 1, row 1 free
-    from core_models import tracing
+    from routescope.core_models import tracing
     with tracing() as free_tr:
         model(ids, generator=torch.Generator().manual_seed(5))
     with tracing() as tr:
@@ -159,7 +159,7 @@ def test_route_targets_fix_the_forward_route_and_still_train_the_router():
 # --- the model side: temperature per call, z-loss, balance weight ----------------------------------
 
 def _traced(model, **kw):
-    from core_models import tracing
+    from routescope.core_models import tracing
     with tracing() as tr:
         out = model(_ids(), generator=torch.Generator().manual_seed(5), **kw)
     return out, tr
@@ -230,7 +230,7 @@ def test_combiner_init_mean_or_the_models_own_normal_init():
 def test_share_linear_route_targets_keep_only_the_target_paths_output():
     """Training with targets: a row whose tokens all target path 0 computes what the model computes
     with the other paths dropped; a free row (-1) what it computes unablated."""
-    from core_models import Ablation
+    from routescope.core_models import Ablation
 
     model = tiny_model("share_linear").train()  # 3 paths, unfused
     ids = _ids()
@@ -249,14 +249,14 @@ def test_share_linear_route_targets_keep_only_the_target_paths_output():
 
 
 def test_route_target_loss_is_the_cross_entropy_of_the_logits_toward_the_targets():
-    from core_models.routers import AUX_ROUTE
+    from routescope.core_models.routers import AUX_ROUTE
 
     model = tiny_model("gumbel_v2", route_target_lambda=0.5).train()
     ids = _ids()
     targets = torch.full(ids.shape, -1, dtype=torch.long)
     targets[0, :7] = 1
     targets[1, 3:] = 0
-    from core_models import tracing
+    from routescope.core_models import tracing
     with tracing() as tr:
         out = model(ids, generator=torch.Generator().manual_seed(5), route_targets=targets)
     total = 0.0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
-from core_models.training import corpus
-from core_models.training.tokenizer import SPECIAL_TOKENS, decode, encode, load_tokenizer, train_tokenizer
+from routescope.corpora import corpus
+from routescope.core_models.training.tokenizer import SPECIAL_TOKENS, decode, encode, load_tokenizer, train_tokenizer
 
 HOSTILE = [
     "",

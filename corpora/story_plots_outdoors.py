@@ -5,8 +5,8 @@ Same conventions as `plots_home`: paragraphs of sentence templates over the scen
 
 from __future__ import annotations
 
-from core_models.training import lexicon as lx
-from core_models.training.stories import Paragraphs, Plot, Scene, plot
+from routescope.corpora import lexicon as lx
+from routescope.corpora.stories import Paragraphs, Plot, Scene, plot
 
 
 def _outdoors(s: Scene, *words: str) -> None:

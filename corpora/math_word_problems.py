@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from core_models.training import lexicon as lx
-from core_models.training.math_problems import MathProblem, build, py_float, tex
-from core_models.training.stories import plural
+from routescope.corpora import lexicon as lx
+from routescope.corpora.math_problems import MathProblem, build, py_float, tex
+from routescope.corpora.stories import plural
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from core_models.training import lexicon as lx
+from routescope.corpora import lexicon as lx
 
 MIN_WORDS, MAX_WORDS = 80, 250
 _TAG_OPEN, _TAG_CLOSE = "[[", "]]"

@@ -16,10 +16,10 @@ import zlib
 from collections.abc import Iterator, Mapping
 from itertools import islice
 
-from core_models.training import plots_events, plots_home, plots_outdoors, plots_outings
-from core_models.training.math_problems import KINDS, MathProblem
-from core_models.training.math_word_problems import WORD_KINDS
-from core_models.training.stories import Plot, Story, make_story
+from routescope.corpora import story_plots_events, story_plots_home, story_plots_outdoors, story_plots_outings
+from routescope.corpora.math_problems import KINDS, MathProblem
+from routescope.corpora.math_word_problems import WORD_KINDS
+from routescope.corpora.stories import Plot, Story, make_story
 
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -32,7 +32,7 @@ VALIDATION_SEED = 20240601
 # even for short math questions that a generator may well draw twice.
 _VAL_BUCKETS = 20
 
-PLOT_TEMPLATES: tuple[Plot, ...] = plots_home.PLOTS + plots_outdoors.PLOTS + plots_outings.PLOTS + plots_events.PLOTS
+PLOT_TEMPLATES: tuple[Plot, ...] = story_plots_home.PLOTS + story_plots_outdoors.PLOTS + story_plots_outings.PLOTS + story_plots_events.PLOTS
 # Word problems are about half of OpenMathInstruct-1 (GSM8K); the other half is MATH-style, where
 # equations and exact arithmetic are the most common kinds.
 _MATH_KINDS = KINDS + WORD_KINDS

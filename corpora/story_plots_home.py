@@ -7,7 +7,7 @@ the story is rendered.
 
 from __future__ import annotations
 
-from core_models.training.stories import Paragraphs, Plot, Scene, plot
+from routescope.corpora.stories import Paragraphs, Plot, Scene, plot
 
 
 def broken_toy(s: Scene) -> Paragraphs:

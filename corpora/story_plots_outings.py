@@ -6,8 +6,8 @@ These plots meet many animals and things, which keeps the vocabulary wide.
 
 from __future__ import annotations
 
-from core_models.training import lexicon as lx
-from core_models.training.stories import Paragraphs, Plot, Scene, plot, plural
+from routescope.corpora import lexicon as lx
+from routescope.corpora.stories import Paragraphs, Plot, Scene, plot, plural
 
 
 def zoo_visit(s: Scene) -> Paragraphs:

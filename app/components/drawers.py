@@ -1,0 +1,181 @@
+"""The drawer table: how each kind of view (`analysis.families.View.drawer`) becomes figures.
+
+A drawer takes a view and the run's drawing context and returns its pieces by name, in order:
+a `figures.ChoiceGrid` (a discrete choice per layer and token; the Routing view stacks a run's
+grids into one chart), a plotly figure, or a DataFrame (shown as a table). The Routing view, the
+Export view and `routescope.figures` loop over a run's views and this table; none of them knows a
+family. A family with a view of its own adds an entry with `register_drawer`. No Streamlit here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from routescope.analysis import columns as C
+from routescope.analysis.families import View
+
+from . import figures as F
+
+Piece = Union[F.ChoiceGrid, go.Figure, pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class DrawContext:
+    """What every drawer may use besides its view: the tokens shown on the axis (prompt, then
+    generated), where the prompt ends, and each routing layer's option labels."""
+
+    tokens: list[str]
+    n_prompt: int | None
+    labels: Mapping[str, list[str]]
+
+
+Drawer = Callable[[str, View, DrawContext], dict[str, Piece]]  # (view name, view, context) -> pieces
+
+
+def _option_weights(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    """The option with the largest weight per token, and each layer's weights per option."""
+    out: dict[str, Piece] = {"option_choice": F.choice_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+    for layer, names in ctx.labels.items():
+        if view.frame[C.LAYER].eq(layer).any() and len(names) > 1:
+            out[f"option_weights_{layer}"] = F.option_weights_figure(view.frame, layer, ctx.tokens, ctx.n_prompt)
+    return out
+
+
+def _gumbel_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: F.gumbel_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+
+
+def _cosine_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: F.cosine_grid(view.frame, ctx.tokens, dict(ctx.labels))} if len(view.frame) else {}
+
+
+def _topk_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: F.topk_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+
+
+def _utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    u = view.frame
+    u = u.assign(**{C.LABEL: [ctx.labels[l][o] for l, o in zip(u[C.LAYER], u[C.OPTION])]})
+    return {name: F.grouped_bars(u, C.LAYER, C.SHARE, C.OPTION,  # colour = option, as everywhere
+                                 "Utilisation: share of tokens selecting each option", hover=C.LABEL)}
+
+
+def _coselection(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    """Pairs of options a token selected together, with their labels."""
+    c = view.frame
+    return {name: c.assign(label_a=[ctx.labels[l][a] for l, a in zip(c[C.LAYER], c[C.OPTION_A])],
+                           label_b=[ctx.labels[l][b] for l, b in zip(c[C.LAYER], c[C.OPTION_B])])}
+
+
+def _pgpt_paths(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    p = view.frame
+    w = p.drop_duplicates(C.OPTION)
+    (layer,) = set(p[C.LAYER])
+    names = ctx.labels[layer]
+    return {
+        "pgpt_weights": F.bar_figure([names[o] for o in w[C.OPTION]], list(w[C.WEIGHT]),
+                                     "Path weights in this call (renormalised over the paths that run)"),
+        "pgpt_contribution": F.share_figure(
+            p, ctx.tokens, C.SHARE, 0, f"Per-token contribution of {names[0]} (norm share of the weighted output)",
+            lambda r: f"{names[r.option]}: share {r.share:.1%} (w {r.weight:.3f})", ctx.n_prompt)}
+
+
+def _dsff_gate(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: F.gate_figure(view.frame, ctx.tokens, ctx.n_prompt)}
+
+
+def _gcla_beta(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    g = view.frame
+    return {name: F.bar_figure(list(g[C.LAYER]), list(g[C.BETA]), "GCLA beta = sigmoid(phi) per layer")}
+
+
+def _atm_merges(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: F.atm_figure(view.frame, ctx.tokens, view.params["tau"])}
+
+
+def _pagmlp_pathways(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    p = view.frame
+    s = p.drop_duplicates([C.LAYER, C.OPTION])
+    return {
+        "pagmlp_scales": F.grouped_bars(s, C.LAYER, C.SCALE, C.LABEL, "PAGMLP alpha (SwiGLU) and beta (GEGLU)"),
+        "pagmlp_share": F.share_figure(p, ctx.tokens, C.SHARE, 0, "SwiGLU pathway's share of the FFN output norm per token",
+                                       lambda r: f"{r.label}: share {r.share:.1%}, |out| {r.out_norm:.3f}", ctx.n_prompt)}
+
+
+def _table(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: view.frame}
+
+
+DRAWERS: dict[str, Drawer] = {
+    "option_weights": _option_weights,
+    "gumbel_choice": _gumbel_choice,
+    "cosine_choice": _cosine_choice,
+    "topk_choice": _topk_choice,
+    "utilisation": _utilisation,
+    "coselection": _coselection,
+    "pgpt_paths": _pgpt_paths,
+    "dsff_gate": _dsff_gate,
+    "gcla_beta": _gcla_beta,
+    "atm_merges": _atm_merges,
+    "pagmlp_pathways": _pagmlp_pathways,
+    "table": _table,
+}
+
+
+def register_drawer(name: str, drawer: Drawer) -> None:
+    """A drawer for a view kind of a family defined elsewhere (as a DRAWERS line would)."""
+    DRAWERS[name] = drawer
+
+
+def draw(views: Mapping[str, View], ctx: DrawContext) -> dict[str, Piece]:
+    """Every piece of every view, in view order. A view whose drawer is unknown is an error that
+    names it (a family table that names a drawer nobody registered)."""
+    out: dict[str, Piece] = {}
+    for name, view in views.items():
+        if view.drawer not in DRAWERS:
+            raise ValueError(f"view {name!r}: no drawer {view.drawer!r} (drawers: {', '.join(DRAWERS)})")
+        out.update(DRAWERS[view.drawer](name, view, ctx))
+    return out
+
+
+def notes(views: Mapping[str, View]) -> list[str]:
+    """What the views' frames say about themselves (e.g. a layer whose cosine is undefined)."""
+    return [n for v in views.values() for n in v.frame.attrs.get("notes", [])]
+
+
+STACKED = "routes"  # the name of a run's stacked choice heatmaps
+
+
+def draw_run(run: Any, model: Any, *, stacked: bool = False) -> tuple[dict[str, go.Figure], dict[str, pd.DataFrame]]:
+    """The figures and tables of every view of an analysed run (`analysis.session.Run`), each figure
+    carrying the model and ablation it shows in its layout's meta."""
+    toks = run.display_tokens()
+    pieces = draw(run.views, DrawContext(toks, run.n_prompt, model.option_labels()))
+    figs = run_figures(pieces, stacked=stacked, stacked_name=STACKED, tokens=toks, n_prompt=run.n_prompt,
+                       meta={"ablation": run.ablation.describe(), "model": run.model_name})
+    return figs, tables(pieces)
+
+
+def run_figures(pieces: Mapping[str, Piece], *, stacked: bool, stacked_name: str, tokens: list[str],
+                n_prompt: int | None, meta: Mapping[str, Any]) -> dict[str, go.Figure]:
+    """The figures of drawn pieces: choice grids one figure each, or with `stacked` (and more than
+    one) the rows of one figure `stacked_name`; tables left out. `meta` (which run a figure shows)
+    is kept in every figure's layout."""
+    grids = {n: p for n, p in pieces.items() if isinstance(p, F.ChoiceGrid)}
+    figs: dict[str, go.Figure] = {}
+    if stacked and len(grids) > 1:
+        figs[stacked_name] = F.stacked_choice_heatmaps(list(grids.values()), tokens, n_prompt)
+    else:
+        figs.update({n: F.choice_heatmap(g, tokens, n_prompt) for n, g in grids.items()})
+    figs.update({n: p for n, p in pieces.items() if isinstance(p, go.Figure)})
+    for fig in figs.values():
+        fig.update_layout(meta=dict(meta))
+    return figs
+
+
+def tables(pieces: Mapping[str, Piece]) -> dict[str, pd.DataFrame]:
+    return {n: p for n, p in pieces.items() if isinstance(p, pd.DataFrame)}

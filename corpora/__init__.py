@@ -1,0 +1,3 @@
+"""The project's synthetic training text: TinyStories-like stories (`stories`, the `story_plots_*`
+templates, `lexicon`) and OpenMathInstruct-like math problems (`math_problems`,
+`math_word_problems`), streamed deterministically by `corpus`. Nothing here knows of models."""

@@ -1,0 +1,82 @@
+"""RouteScope: see how routed language models send their tokens, from Python and notebooks.
+
+    import routescope as rs
+
+    model, tok = rs.load("checkpoints/papaformer-gumbel-v2")
+    run = rs.run(model, tok, "Solve for x: 3x + 5 = 20.", max_new_tokens=8, drop=["parallel.0:1"])
+    run.table                          # every route as the export's long table (one format, every family)
+    run.views["gumbel_routes"].frame   # a view's tidy frame; list(run.views) names them
+    figs = rs.figures(run, model)      # plotly figures of every view (they display in Jupyter)
+
+The subpackages are the repository's folders: `routescope.core_models` (families, sites, traces,
+ablations, generation), `routescope.analysis` (pure analyses, exports), `routescope.corpora` (the
+synthetic training text), `routescope.cli` and `routescope.app`. Names here load on first use, so
+`import routescope` (and the command line) stays fast.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> (module, attribute), imported when first used
+_LAZY = {
+    "load": ("routescope.core_models.checkpoint", "load_checkpoint"),
+    "save": ("routescope.core_models.checkpoint", "save_checkpoint"),
+    "Ablation": ("routescope.core_models.runtime", "Ablation"),
+    "tracing": ("routescope.core_models.runtime", "tracing"),
+    "Trace": ("routescope.core_models.runtime", "Trace"),
+    "generate": ("routescope.core_models.generate", "generate"),
+    "from_name": ("routescope.core_models.registry", "from_name"),
+    "build_model": ("routescope.core_models.registry", "build_model"),
+    "RunSettings": ("routescope.analysis.session", "RunSettings"),
+    "Run": ("routescope.analysis.session", "Run"),
+    "read_table": ("routescope.analysis.export", "read_table"),
+    "read_csv": ("routescope.analysis.export", "read_csv"),
+    "read_parquet": ("routescope.analysis.export", "read_parquet"),
+    "read_frame_csv": ("routescope.analysis.export", "read_frame_csv"),
+    "read_provenance": ("routescope.analysis.export", "read_provenance"),
+}
+
+__all__ = [*_LAZY, "run", "figures"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'routescope' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+def run(model: Any, tokenizer: Any, prompt: str, *, drop: list[str] | tuple[str, ...] = (),
+        force: list[str] | tuple[str, ...] = (), ablation: Any = None, name: str = "model", **settings: Any) -> Any:
+    """Generate from `prompt` and trace every routing site of prompt and continuation: a
+    `routescope.analysis.session.Run` with the generation (top candidates per step), the export
+    table (`run.table`) and the family's views (`run.views`: name -> tidy frame + drawer).
+
+    `drop` / `force`: ablation specs as on the command line ("parallel.0:1", "1", "*:0"), or a
+    ready `ablation`; `settings`: `RunSettings` fields (max_new_tokens, greedy, temperature, top_k,
+    top_p, seed, routing, top_n, options as {name: value} for the family's run options)."""
+    from routescope.analysis.session import RunSettings, run_prompt
+    from routescope.core_models.runtime import Ablation
+
+    if ablation is None:
+        ablation = Ablation.parse(drop=list(drop), force=list(force))
+    elif drop or force:
+        raise ValueError("give drop/force specs or an ablation, not both")
+    if isinstance(settings.get("options"), dict):
+        settings["options"] = tuple(settings["options"].items())
+    return run_prompt(model, tokenizer, prompt, settings=RunSettings(**settings), ablation=ablation, model_name=name)
+
+
+def figures(run: Any, model: Any, *, stacked: bool = False) -> dict[str, Any]:
+    """The plotly figures of every view of `run` (the app's Routing view draws the same ones, from
+    the same drawer table `routescope.app.components.drawers`, which needs no Streamlit)."""
+    from routescope.app.components.drawers import draw_run
+
+    return draw_run(run, model, stacked=stacked)[0]
