@@ -440,94 +440,149 @@ def _drop_stale(out: str, names: set[str]) -> None:
             fs.rm(p)
 
 
-def export_ray(checkpoint: str | Path, source: PromptSource, out: str, job: B.ExportJob, *, workers: int = 2,
-               partition_size: int = 1000, threads: int = 1, device: str = "auto", dtype: str = "float32",
-               progress: bool = True, max_retries: int = 3) -> RaySummary:
-    """Export the routing rows of every prompt of `source` to the Parquet dataset directory `out`
-    (module doc). Inputs are checked before any work; returns what was written."""
-    import ray
+@dataclass(frozen=True)
+class ExportPlan:
+    """What a run writes: the prompts' partitions (start, end), each partition's digest (of its
+    prompts and the export settings), and those that an earlier run has not already finished."""
 
+    n: int
+    parts: list[tuple[int, int]]
+    digests: dict[int, str]
+    todo: list[tuple[int, int]]
+
+    def names(self) -> set[str]:
+        return {partition_name(s, e) for s, e in self.parts}
+
+
+def _check_export(checkpoint: str | Path, job: B.ExportJob, *, workers: int, partition_size: int, threads: int,
+                  dtype: str) -> dict:
+    """Every check that needs no prompts and no weights (a meta-device load); the run's provenance."""
     from routescope.core_models.checkpoint import load_checkpoint, require_tokenizer
-    from routescope.core_models.devices import resolve_device
 
-    t0 = time.perf_counter()
     if workers < 1 or partition_size < 1 or threads < 1:
         raise ValueError("workers, partition_size and threads must be >= 1")
     meta, tok = load_checkpoint(checkpoint, device="meta", dtype=dtype)  # every check, no weights read
     require_tokenizer(tok, checkpoint)
     if not meta.routing_layers():
-        raise ValueError(f"{checkpoint}: family {meta.config.family!r} has no routing layers to export")
+        raise ValueError(f"{checkpoint}: {meta.config.label} has no routing layers to export")
     job.ablation(meta)
-    provenance = B.provenance(checkpoint, meta, job)
+    return B.provenance(checkpoint, meta, job)
+
+
+def _local_workers(workers: int, threads: int) -> int:
+    """Workers a local cluster can run: bounded by this machine's CPUs (a named cluster is not)."""
+    import ray
+
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+        return workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if workers * threads > cores:
+        log.warning("%d workers x %d threads exceed the %d CPUs here: running %d worker(s)", workers, threads,
+                    cores, max(1, cores // threads))
+        return max(1, cores // threads)
+    return workers
+
+
+def plan_export(prompts: Any, source: PromptSource, out: str, partition_size: int) -> ExportPlan:
+    """Check the prompts (read errors, none at all, repeated ids) and plan the partitions, leaving
+    out those `out` already holds for the same prompts and settings (a resumed run)."""
+    if (error := first_error(prompts)) is not None:
+        raise ValueError(error)
+    n = prompts.count()
+    if n == 0:
+        raise ValueError(f"{source.describe()}: no prompts")
+    if source.path is not None and _suffix(source.path) not in TEXT_SUFFIXES:
+        check_unique_ids(prompts.select_columns(["prompt_id"]).to_pandas()["prompt_id"].tolist(), source.path)
+    parts = partitions(n, partition_size)
+    digests = partition_digests(prompts, partition_size)
+    done = finished(out)
+    return ExportPlan(n, parts, digests, [(s, e) for s, e in parts if done.get(partition_name(s, e)) != digests[s]])
+
+
+def run_partitions(plan: ExportPlan, prompts: Any, checkpoint: str | Path, job: B.ExportJob, out: str,
+                   provenance: dict, *, workers: int, partition_size: int, threads: int, device: str, dtype: str,
+                   max_retries: int) -> list[dict]:
+    """Export the plan's unfinished partitions on a pool of model actors; their summaries in order."""
+    import ray
+
+    from routescope.core_models.devices import resolve_device
+
+    if not plan.todo:
+        return []
+    gpus = 0.0
+    if device != "cpu" and ray.cluster_resources().get("GPU", 0) >= workers:
+        gpus = 1.0  # one GPU per actor: `auto` then resolves to CUDA on its node
+    elif device not in ("auto", "cpu"):
+        resolve_device(device)  # names the missing device before any work when the cluster has none
+    starts, n = {s: plan.digests[s] for s, _ in plan.todo}, plan.n
+
+    def assign(batch: pd.DataFrame) -> pd.DataFrame:
+        start = (batch["index"] // partition_size) * partition_size
+        batch = batch.assign(start=start, end=(start + partition_size).clip(upper=n), digest=start.map(starts))
+        return batch[batch["start"].isin(list(starts))].drop(columns="error")
+
+    files = ray.put(_checkpoint_files(checkpoint))
+    pool = ray.data.ActorPoolStrategy(size=min(workers, len(plan.todo)), max_tasks_in_flight_per_actor=1)
+    out_rows = (prompts.map_batches(assign, batch_format="pandas")
+                .groupby("start", num_partitions=min(len(plan.todo), 8 * workers))
+                .map_groups(PartitionExporter, batch_format="pandas", compute=pool, num_cpus=threads,
+                            num_gpus=gpus or None,
+                            fn_constructor_args=([files], B.model_name(checkpoint), job, out, provenance,
+                                                 "cuda" if gpus else device, dtype, threads),
+                            max_restarts=max_retries, max_task_retries=max_retries))
+    stats = sorted((dict(r) for r in out_rows.iter_rows()), key=lambda r: r["start"])
+    errors = [r["error"] for r in stats if r["error"]]
+    if errors:
+        raise ValueError(errors[0])
+    return stats
+
+
+def verify_export(plan: ExportPlan, out: str) -> None:
+    """Every planned partition is written with this plan's digest; then remove what is not part of
+    it (stale partitions, temporary files of a worker that died) and mark the dataset complete."""
+    now = finished(out)
+    missing = [partition_name(s, e) for s, e in plan.parts if now.get(partition_name(s, e)) != plan.digests[s]]
+    if missing:
+        raise RuntimeError(f"{out}: partitions not written: {', '.join(missing[:5])}")
+    _drop_stale(out, plan.names())
+    _clean_leftovers(out)
+    fs, root, _ = _filesystem(out)
+    fs.pipe_file(_join(root, SUCCESS), b"")
+
+
+def export_ray(checkpoint: str | Path, source: PromptSource, out: str, job: B.ExportJob, *, workers: int = 2,
+               partition_size: int = 1000, threads: int = 1, device: str = "auto", dtype: str = "float32",
+               progress: bool = True, max_retries: int = 3) -> RaySummary:
+    """Export the routing rows of every prompt of `source` to the Parquet dataset directory `out`
+    (module doc): check, plan, run, verify. Inputs are checked before any work; returns what was
+    written."""
+    import ray
+
+    t0 = time.perf_counter()
+    provenance = _check_export(checkpoint, job, workers=workers, partition_size=partition_size, threads=threads,
+                               dtype=dtype)
     _prepare_out(out, {"provenance": provenance, "partition_size": partition_size})
     _clean_leftovers(out)
-    if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        if workers * threads > cores:  # a local cluster is bounded by this machine's CPUs
-            log.warning("%d workers x %d threads exceed the %d CPUs here: running %d worker(s)", workers, threads,
-                        cores, max(1, cores // threads))
-            workers = max(1, cores // threads)
+    workers = _local_workers(workers, threads)
     started, tmp = _connect(workers, threads)
     ctx = ray.data.DataContext.get_current()
     saved = ctx.execution_options.preserve_order, ctx.enable_progress_bars
     try:
         ctx.execution_options.preserve_order = True  # file order is the prompts' index order
         ctx.enable_progress_bars = progress
-        gpus = 0.0
-        if device != "cpu" and ray.cluster_resources().get("GPU", 0) >= workers:
-            gpus = 1.0  # one GPU per actor: `auto` then resolves to CUDA on its node
-        elif device not in ("auto", "cpu"):
-            resolve_device(device)  # names the missing device before any work when the cluster has none
         prompts = read_prompt_dataset(source)
-        if (error := first_error(prompts)) is not None:
-            raise ValueError(error)
-        n = prompts.count()
-        if n == 0:
-            raise ValueError(f"{source.describe()}: no prompts")
-        if source.path is not None and _suffix(source.path) not in TEXT_SUFFIXES:
-            check_unique_ids(prompts.select_columns(["prompt_id"]).to_pandas()["prompt_id"].tolist(), source.path)
-        parts = partitions(n, partition_size)
-        digests = partition_digests(prompts, partition_size)
-        done = finished(out)
-        todo = [(s, e) for s, e in parts if done.get(partition_name(s, e)) != digests[s]]
-        stats: list[dict] = []
-        if todo:
-            starts = {s: digests[s] for s, _ in todo}
-
-            def plan(batch: pd.DataFrame) -> pd.DataFrame:
-                start = (batch["index"] // partition_size) * partition_size
-                batch = batch.assign(start=start, end=(start + partition_size).clip(upper=n),
-                                     digest=start.map(starts))
-                return batch[batch["start"].isin(list(starts))].drop(columns="error")
-
-            files = ray.put(_checkpoint_files(checkpoint))
-            pool = ray.data.ActorPoolStrategy(size=min(workers, len(todo)), max_tasks_in_flight_per_actor=1)
-            out_rows = (prompts.map_batches(plan, batch_format="pandas")
-                        .groupby("start", num_partitions=min(len(todo), 8 * workers))
-                        .map_groups(PartitionExporter, batch_format="pandas", compute=pool,
-                                    num_cpus=threads, num_gpus=gpus or None,
-                                    fn_constructor_args=([files], B.model_name(checkpoint), job, out, provenance,
-                                                         "cuda" if gpus else device, dtype, threads),
-                                    max_restarts=max_retries, max_task_retries=max_retries))
-            stats = sorted((dict(r) for r in out_rows.iter_rows()), key=lambda r: r["start"])
-            errors = [r["error"] for r in stats if r["error"]]
-            if errors:
-                raise ValueError(errors[0])
-        now = finished(out)
-        missing = [partition_name(s, e) for s, e in parts if now.get(partition_name(s, e)) != digests[s]]
-        if missing:
-            raise RuntimeError(f"{out}: partitions not written: {', '.join(missing[:5])}")
-        _drop_stale(out, {partition_name(s, e) for s, e in parts})
-        _clean_leftovers(out)  # the half-written temporary file of a worker that died
-        fs, root, _ = _filesystem(out)
-        fs.pipe_file(_join(root, SUCCESS), b"")
+        plan = plan_export(prompts, source, out, partition_size)
+        stats = run_partitions(plan, prompts, checkpoint, job, out, provenance, workers=workers,
+                               partition_size=partition_size, threads=threads, device=device, dtype=dtype,
+                               max_retries=max_retries)
+        verify_export(plan, out)
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
         if started:
             ray.shutdown()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    return RaySummary(out=out, prompts=n, partitions=len(parts), skipped=len(parts) - len(todo),
+    return RaySummary(out=out, prompts=plan.n, partitions=len(plan.parts), skipped=len(plan.parts) - len(plan.todo),
                       rows=sum(int(s["rows"]) for s in stats), seconds=time.perf_counter() - t0,
                       partition_stats=stats)
 

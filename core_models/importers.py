@@ -170,7 +170,7 @@ def papaformer_rule(key: str, shape: tuple[int, ...], c: PapaformerConfig) -> Ru
         return _papaformer_block(f"layers.{int(m[1]) + 1}.blocks.{m[2]}.", m[3], shape)
     if m := re.fullmatch(r"parallel\.(\d+)\.(combine|router\.proj|grow)\.(weight|bias)", key):
         layer = f"layers.{int(m[1]) + 1}."
-        src = {"combine": "Share.linear" if c.combiner == "share_linear" else "MoE.share_linear",
+        src = {"combine": "MoE.share_linear" if c.has_combined_route else "Share.linear",
                "router.proj": "MoE.router", "grow": "out_linear.linear"}[m[2]]
         return Rule((layer + src + "." + m[3],), (shape,), _same)
     raise ImportError_(f"no reference tensor maps to {key}")

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from routescope.core_models.registry import build_model, config_from_dict
+
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 ORDER = ["llama-dense", "pagmlp", "path-story", "path-math", "papaformer-share-linear", "papaformer-gumbel-v1",
          "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny"]
@@ -25,7 +27,7 @@ def main(root: Path = ROOT) -> int:
         config = json.loads((root / name / "config.json").read_text())
         family = config["family"]
         init = s["train"].get("init_from")
-        parallel = family != "llama" or config.get("ffn") == "pagmlp"  # the paths and the baseline are dense
+        parallel = bool(build_model(config_from_dict(config), device="meta").routing_layers())  # not the dense ones
         if parallel and base:
             gaps = [s["val_loss"][d] / base[d] - 1 for d in ("story", "math")]
             vs = " / ".join(f"{g:+.1%}" for g in gaps) + (" ✓" if max(gaps) <= GOAL else " ✗")

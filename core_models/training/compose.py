@@ -71,9 +71,9 @@ def compose(paths: list[Llama], combiner: str, *, n_large_pre: int = 1, n_large_
             for j, p in enumerate(paths):
                 layer.paths[j].block.load_state_dict(p.blocks[i].state_dict())
             eye = torch.eye(dp)
-            if combiner == "share_linear" and layer.combine.out_features == k * dp:  # fused grow: identity
+            if not config.has_combined_route and layer.combine.out_features == k * dp:  # Share-Linear, fused grow: identity
                 layer.combine.weight.copy_(torch.eye(k * dp))  # (d, k*d'): [path 0 | path 1 | ...]
-            elif combiner == "share_linear":
+            elif not config.has_combined_route:  # Share-Linear
                 layer.combine.weight.copy_(torch.cat([eye] * k, dim=1))  # sum of the paths
             elif combiner_init == "mean":
                 layer.combine.weight.copy_(torch.cat([eye / k] * k, dim=1))  # mean of the paths
