@@ -5,7 +5,9 @@ embed (wte + wpe) -> n_pre blocks (d) -> moe_shrink: top-k of E experts d -> d'
       -> N parallel layers: sum_{j in topk} w_j * block_j(x), P blocks of width d', w renormalised
       -> moe_grow: top-k of E experts d' -> d -> n_post blocks (d) -> ln_f -> head (tied to wte)
 
-Blocks are GPT-2 style (LayerNorm, exact-GELU MLP, learned positions, no RoPE, no linear biases).
+Blocks are GPT-2 style (LayerNorm, learned positions, no RoPE, no linear biases) with the FFN of
+Table 2's "FF type": an exact-GELU MLP (hidden 4d) in MoEP, SwiGLU in MoEP-SwiGLU (`ffn`), in every
+full and parallel block alike; the experts' type is Table 2's separate "MoE FF type" (`expert`).
 Every router is a `TopKRouter`: softmax over its options, the k best kept, their weights
 renormalised to sum to 1. An expert only sees the tokens that selected it (gather, then
 `index_add_`). A parallel block is causal attention over the whole sequence, so it runs on all
@@ -30,15 +32,21 @@ deviations table):
 - lambda per router: every router (moe_shrink, each parallel.{i}, moe_grow) has its own term,
   weighted by its own lambda (aux_lambda for the parallel routers, expert_aux_lambda for the
   shrink/grow routers) and summed, not averaged over routers. Keys: `aux_key(layer)`.
-- SwiGLU experts (shrink and grow alike): hidden width 4 * d_L (expert_hidden = 0), the width with
-  which the paper's SwiGLU model has its stated 38.22M parameters (28.2M with linear experts).
+- Table 2's "FF multiplier 4" for SwiGLU (`ffn="swiglu"`): the blocks' hidden width is 2/3 * 4d,
+  rounded up to a multiple of 32 (the LLaMA convention, which keeps the MLP's 8 d^2 parameters;
+  1024 at d_L = 384, 512 at d_P = 192), the experts' 4 * d_L (expert_hidden = 0; shrink and grow
+  alike). With Table 2's other values this counts 38,218,944 (Table 2: 38M). Read literally (hidden
+  4d in the blocks too, `swiglu_reading="literal"`) it counts 45.30M; literal blocks with experts
+  of hidden 2/3 * 4 * d_P = 512 also count 38,218,944, so the count alone cannot tell those two
+  readings apart (paper_configs.py shows all three).
 - moe_shrink/moe_grow normalise their input (LayerNorm, d and d' weights) before routing: without it
   the signal through two multiplicative (SwiGLU) width changes with no residual shrinks to ~1e-11
   at init. Not in the paper's description; adds d + d' parameters.
-Presets (`moep`, `moep-swiglu`) keep the paper's d_L / d_P = 2, P = 4 blocks with top-2,
-E = 4 experts with top-2, one full block before and after, and SwiGLU hidden 4 * d_L, at
-d = 128, d' = 64 with head size 32 in both widths and N = 2 parallel layers instead of the paper's
-10 (CPU training budget). The paper-scale configurations are in `paper_configs.py`.
+Presets (`moep`, `moep-swiglu`) keep Table 2's d_L / d_P = 2, P = 4 blocks with top-2, E = 4
+experts with top-2, one full block before and after, the FF types and SwiGLU expert hidden 4 * d_L,
+at d = 128, d' = 64 with head size 32 in both widths (Table 2: 64), context 256 (Table 2's train
+seq len: 512) and N = 2 parallel layers instead of 10 (CPU training budget). The paper-scale
+configurations are in `paper_configs.py`.
 
 Routing layers (names for `Ablation` and `routing_layers()`): "moe_shrink" and "moe_grow"
 (options = n_experts experts), "parallel.{i}" (options = n_blocks blocks).
@@ -85,6 +93,8 @@ from .routers import Route, TopKRouter
 from .sites import RoutingLayer, Site
 
 EXPERTS = ("linear", "swiglu")
+BLOCK_FFNS = ("gelu", "swiglu")  # Table 2 "FF type": MLP (GPT-2's GELU) or SwiGLU
+SWIGLU_READINGS = ("two_thirds", "literal")  # SwiGLU block hidden: 2/3 * 4d (multiple of 32) or 4d
 BALANCE_LOSSES = ("entropy", "switch")  # entropy: the paper's eq. 2 (stated intent); switch: Fedus et al.
 AUX_BALANCE = "balance"  # prefix of every router's balance term in LMOutput.aux
 
@@ -111,6 +121,9 @@ class MoEPConfig(BaseConfig):
     expert_top_k: int = 2
     expert: str = "linear"  # linear: one Linear; swiglu: down(silu(gate(x)) * up(x))
     expert_hidden: int = 0  # swiglu experts' hidden width; 0: 4 * d_model (the paper's 4 d_L)
+    # FFN of every full and parallel block; "gelu" (the default) is what configs without it were trained with
+    ffn: str = "gelu"
+    swiglu_reading: str = "two_thirds"  # hidden of SwiGLU blocks: see SWIGLU_READINGS and the docstring
     context: int = 256
     tie_embeddings: bool = True
     balance: str = "entropy"  # balance term per router: see BALANCE_LOSSES
@@ -129,14 +142,23 @@ class MoEPConfig(BaseConfig):
         for f, d, h in (("n_heads", self.d_model, self.n_heads), ("n_par_heads", self.d_par, self.n_par_heads)):
             self.require(d % h == 0, f, f"must divide width {d} into whole head dims")
         self.one_of("expert", EXPERTS)
+        self.one_of("ffn", BLOCK_FFNS)
+        self.one_of("swiglu_reading", SWIGLU_READINGS)
         self.one_of("balance", BALANCE_LOSSES)
         self.require(self.expert_hidden >= 0, "expert_hidden", "must be >= 0 (0: 4 * d_model)")
         for f in ("aux_lambda", "expert_aux_lambda"):
             self.require(math.isfinite(getattr(self, f)) and getattr(self, f) >= 0, f, "must be a finite number >= 0")
         self.one_of("gelu_approx", ("none", "tanh"))
 
+    def block_hidden(self, dim: int) -> int:
+        """Hidden width of the FFN of a block of width `dim` (see the docstring for the readings)."""
+        if self.ffn == "swiglu" and self.swiglu_reading == "two_thirds":
+            return -(-(2 * 4 * dim // 3) // 32) * 32
+        return 4 * dim
+
     def spec(self, dim: int, heads: int) -> BlockSpec:
-        return BlockSpec(dim=dim, n_heads=heads, n_kv_heads=heads, ffn="gelu", ffn_hidden=4 * dim, norm="layer",
+        return BlockSpec(dim=dim, n_heads=heads, n_kv_heads=heads, ffn=self.ffn, ffn_hidden=self.block_hidden(dim),
+                         norm="layer",
                          norm_eps=1e-5, norm_bias=self.ln_bias, rope="none", context=self.context,
                          gelu_approx=self.gelu_approx)
 
@@ -342,7 +364,8 @@ class MoEP(RouteScopeLM):
 # --- parameter counts -------------------------------------------------------------------------
 
 def _block(c: MoEPConfig, w: int) -> int:
-    return 12 * w * w + (4 if c.ln_bias else 2) * w  # qkv 3w^2, proj w^2, MLP 8w^2, two LayerNorms
+    ffn = (3 if c.ffn == "swiglu" else 2) * w * c.block_hidden(w)  # gate, up, down | fc, proj
+    return 4 * w * w + ffn + (4 if c.ln_bias else 2) * w  # qkv 3w^2, proj w^2, two LayerNorms
 
 
 def _expert(c: MoEPConfig, a: int, b: int) -> int:

@@ -41,7 +41,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "lgpt": ("lgpt", dict(d_model=128, n_layers=4, n_heads=4, halve_every=2)),
     "cgpt": ("cgpt", dict(d_model=128, n_layers=4, n_heads=4, halve_every=2)),
     "moep": ("moep", dict(expert="linear")),
-    "moep-swiglu": ("moep", dict(expert="swiglu")),
+    "moep-swiglu": ("moep", dict(expert="swiglu", ffn="swiglu")),  # MoEP Table 2: SwiGLU blocks and experts
     # tau 0.6, not the paper's 0.92: at d = 128 adjacent cosines rarely pass 0.92 (0.03% of pairs), and
     # trained with merges at 0.6 the model saves 6% of attention FLOPs at no loss (experiments/atm-merging.md)
     "wiola-tiny": ("wiola", dict(atm_tau=0.6)),
