@@ -70,7 +70,9 @@ class RouteReader:
     """How a family's per-token routes are read (the report, Table 6 and corpus statistics): its
     routing layers in forward order, the label of each 1-based route r (= option r - 1), the sites
     to trace, and `routes(trace)` -> (L, B, T) 1-based routes, 0 where undefined. `table6`: the
-    PaPaformer paper's Table 6 probes apply (expected path r = route r)."""
+    PaPaformer paper's Table 6 probes apply (expected path r = route r). `topk(trace)`, for
+    families whose layers pick several options per token: (L, B, T, k) 1-based picks best first,
+    0 where undefined or where a layer picks fewer than k (its `sites` are among `sites`)."""
 
     layers: list[str]
     labels: list[str]
@@ -78,6 +80,7 @@ class RouteReader:
     routes: Callable[[Any], np.ndarray]
     description: str  # for pages: the model and how a route is read
     table6: bool = False
+    topk: Callable[[Any], np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -288,12 +291,17 @@ def _topk_reader(model: RouteScopeLM) -> RouteReader:
     def routes(tr: Any) -> np.ndarray:  # (L, B, T)
         return np.stack([tr[site_name(l, "router", "indices")][..., 0].cpu().numpy() for l in layers]).astype(np.int64) + 1
 
+    def topk(tr: Any) -> np.ndarray:  # (L, B, T, k): every pick; a layer with a smaller k padded with 0
+        idx = [tr[site_name(l, "router", "indices")].cpu().numpy().astype(np.int64) + 1 for l in layers]
+        k = max(i.shape[-1] for i in idx)
+        return np.stack([np.pad(i, [(0, 0)] * (i.ndim - 1) + [(0, k - i.shape[-1])]) for i in idx])
+
     return RouteReader(
         layers, labels, [site_name(l, "router", "indices") for l in layers], routes,
         f"MoEP, {cfg.expert} experts: moe_shrink and moe_grow pick top-{cfg.expert_top_k} of {cfg.n_experts} "
         f"experts, each of {cfg.n_parallel_layers} parallel layers top-{cfg.top_k} of {cfg.n_blocks} blocks. A "
         "token's route is its router's first choice (the largest weight). Options are numbered from 0 as in "
-        "the app and ablation specs.")
+        "the app and ablation specs.", topk=topk)
 
 
 # --- ParallelGPT --------------------------------------------------------------------------------
