@@ -36,7 +36,7 @@ class BlockSpec:
     linear_bias: bool = False
     swiglu_beta: bool = False  # learnable per-unit beta in a * sigmoid(beta * a)
     gelu_approx: str = "none"  # "none" (exact erf) or "tanh"
-    ffn_dropout: float = 0.0  # PAGMLP: dropout on its output while training
+    ffn_dropout: float = 0.0  # dropout on the FFN's output while training (Block applies it)
     pagmlp_gate: str = "independent"  # PAGMLP: "independent" alpha, beta or "complementary" beta = 1 - alpha
 
     @property
@@ -205,24 +205,26 @@ def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None)
 
 
 class PAGMLP(RoutingLayer):
-    """Parallel Adaptive Gated MLP: a SwiGLU and a GEGLU pathway of hidden/2 units each, scaled by
-    alpha and beta, concatenated, one down projection, then dropout (p = `dropout`, the paper's 0.1,
-    while training only). Same matrices as a SwiGLU of width `hidden` plus one or two scalars.
+    """Parallel Adaptive Gated MLP (eqs. 1-3): a SwiGLU and a GEGLU pathway of hidden/2 units each,
+    scaled by alpha and beta, concatenated, one down projection. Same matrices as a SwiGLU of width
+    `hidden` plus one or two scalars. The paper's dropout 0.1 (§4) is the block's (BlockSpec.ffn_dropout),
+    applied to this output as to any FFN's, so a SwiGLU baseline can train the same way.
 
+    "alpha, beta ... learned through sigmoid-activated parameters initialized at 0.5" (§3) is read as
+    alpha = beta = 0.5 at init (raw a = b = 0); sigmoid(0.5) = 0.62 for both would be as balanced.
     gate="independent" (default; the shipped checkpoint was trained so): alpha = sigmoid(a) and
-    beta = sigmoid(b) are two independent gates (both 0.5 at init), free to sum to anything in (0, 2).
+    beta = sigmoid(b) are two independent gates, free to sum to anything in (0, 2).
     gate="complementary": beta = 1 - alpha, one scalar a, a convex blend of the pathways, which the
     paper's learned alpha, beta = 0.53, 0.47 (summing to 1) suggests."""
 
     n_options = 2  # 0 = SwiGLU pathway, 1 = GEGLU pathway
     option_noun = "pathway"
 
-    def __init__(self, dim: int, hidden: int, bias: bool = False, dropout: float = 0.0,
-                 gate: str = "independent") -> None:
+    def __init__(self, dim: int, hidden: int, bias: bool = False, gate: str = "independent") -> None:
         super().__init__()
         assert hidden % 2 == 0, "PAGMLP hidden width must be even"
-        assert gate in PAGMLP_GATES and 0.0 <= dropout < 1.0, (gate, dropout)  # configs validate both
-        self.half, self.dropout = hidden // 2, dropout
+        assert gate in PAGMLP_GATES, gate  # configs validate it
+        self.half = hidden // 2
         self.gate = nn.Linear(dim, hidden, bias=bias)  # [swiglu gate | geglu gate]
         self.up = nn.Linear(dim, hidden, bias=bias)
         self.down = nn.Linear(hidden, dim, bias=bias)
@@ -240,13 +242,11 @@ class PAGMLP(RoutingLayer):
         g, u = self.gate(x), self.up(x)  # (B, T, h)
         a = torch.sigmoid(self.a)
         alpha, beta = self.alpha(a), self.beta(torch.sigmoid(self.b) if self.b is not None else 1.0 - a)
-        st = runtime.current()
         dropped = self.skipped()  # no router: forcing a pathway drops the other
         h = self.half  # narrow: cheaper per call than g[..., :h] on the decoding path
         s = F.silu(g.narrow(-1, 0, h)) * u.narrow(-1, 0, h) * (0.0 if 0 in dropped else alpha)
         e = gelu_exact(g.narrow(-1, h, h)) * u.narrow(-1, h, h) * (0.0 if 1 in dropped else beta)
-        y = self.down(torch.cat((self.swiglu_out(s), self.geglu_out(e)), dim=-1))  # (B, T, d)
-        return seeded_dropout(y, self.dropout, st.generator) if self.training and self.dropout else y
+        return self.down(torch.cat((self.swiglu_out(s), self.geglu_out(e)), dim=-1))  # (B, T, d)
 
 
 class MLP(nn.Module):
@@ -269,12 +269,13 @@ def make_ffn(spec: BlockSpec) -> nn.Module:
     if spec.ffn == "geglu":
         return GEGLU(spec.dim, hidden, spec.linear_bias)
     if spec.ffn == "pagmlp":
-        return PAGMLP(spec.dim, hidden, spec.linear_bias, spec.ffn_dropout, spec.pagmlp_gate)
+        return PAGMLP(spec.dim, hidden, spec.linear_bias, spec.pagmlp_gate)
     return MLP(spec.dim, hidden, spec.linear_bias, spec.gelu_approx)
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: h = x + attn(norm_1(x)); out = h + ffn(norm_2(h))."""
+    """Pre-norm residual block: h = x + attn(norm_1(x)); out = h + drop(ffn(norm_2(h))), drop being
+    the spec's ffn_dropout while training (its mask from the call's generator), else the identity."""
 
     def __init__(self, spec: BlockSpec) -> None:
         super().__init__()
@@ -282,10 +283,14 @@ class Block(nn.Module):
         self.attn = Attention(spec)
         self.norm_2 = make_norm(spec)
         self.ffn = make_ffn(spec)
+        self.ffn_dropout = spec.ffn_dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm_1(x))  # (B, T, d)
-        return x + self.ffn(self.norm_2(x))
+        y = self.ffn(self.norm_2(x))
+        if self.ffn_dropout and self.training:
+            y = seeded_dropout(y, self.ffn_dropout, runtime.current().generator)
+        return x + y
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -25,8 +25,11 @@ class LlamaConfig(BaseConfig):
     norm_eps: float = 1e-6
     rope_base: float = 10000.0
     tie_embeddings: bool = True
+    # dropout on every block's FFN output while training, any ffn: the `pagmlp` preset and its SwiGLU
+    # baseline `llama-dense` both use PAGMLP §4's 0.1 (the paper trains both so); 0.0 for configs without it
+    ffn_dropout: float = 0.0
     # PAGMLP only (ffn="pagmlp"); the defaults are what config.json files without them were trained with
-    pagmlp_dropout: float = 0.0  # on the PAGMLP output while training; the `pagmlp` preset uses the paper's 0.1
+    pagmlp_dropout: float = 0.0  # ffn_dropout's older, PAGMLP-only name: configs that set it load as trained
     pagmlp_gate: str = "independent"  # or "complementary": beta = 1 - alpha (see layers.PAGMLP)
 
     def validate(self) -> None:
@@ -37,7 +40,10 @@ class LlamaConfig(BaseConfig):
         self.one_of("ffn", FFNS[:3])
         self.require(self.ffn_hidden >= 0, "ffn_hidden", "must be >= 0")
         self.require(self.norm_eps > 0, "norm_eps", "must be > 0")
+        self.require(0.0 <= self.ffn_dropout < 1.0, "ffn_dropout", "must be in [0, 1)")
         self.require(0.0 <= self.pagmlp_dropout < 1.0, "pagmlp_dropout", "must be in [0, 1)")
+        self.require(not (self.ffn_dropout and self.pagmlp_dropout), "pagmlp_dropout",
+                     "is ffn_dropout's older name: set ffn_dropout only")
         self.one_of("pagmlp_gate", PAGMLP_GATES)
 
     @property
@@ -50,10 +56,15 @@ class LlamaConfig(BaseConfig):
             return self.ffn_hidden
         return -(-(8 * self.d_model // 3) // 32) * 32
 
+    @property
+    def dropout(self) -> float:
+        """The FFN-output dropout the blocks apply while training (ffn_dropout, or its older PAGMLP name)."""
+        return self.ffn_dropout or (self.pagmlp_dropout if self.ffn == "pagmlp" else 0.0)
+
     def block_spec(self) -> BlockSpec:
         return BlockSpec(dim=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, ffn=self.ffn,
                          ffn_hidden=self.hidden, norm="rms", norm_eps=self.norm_eps, rope="half",
-                         rope_base=self.rope_base, context=self.context, ffn_dropout=self.pagmlp_dropout,
+                         rope_base=self.rope_base, context=self.context, ffn_dropout=self.dropout,
                          pagmlp_gate=self.pagmlp_gate)
 
 

@@ -22,15 +22,18 @@ FAMILIES: dict[str, tuple[str, str, str, str]] = {
     "cgpt": ("routescope.core_models.pgpt", "CGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
     "moep": ("routescope.core_models.moep", "MoEPConfig", "MoEP", "moep_param_count"),
     "wiola": ("routescope.core_models.wiola", "WiolaConfig", "Wiola", "wiola_param_count"),
+    # Hugging Face transformers models (config.label = their model_type), instrumented, not re-implemented
+    "hf": ("routescope.core_models.hf", "HFConfig", "HFModel", "hf_param_count"),
 }
 
 # preset name -> (family, fields). Shipped checkpoints keep the paper ratios at d = 128, d' = 64,
 # head dim 32, context 256.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama-dense": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn="swiglu")),
+    # pagmlp and its SwiGLU baseline llama-dense train the same way: dropout 0.1 as in PAGMLP §4
+    "llama-dense": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn="swiglu", ffn_dropout=0.1)),
     "llama-gqa": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn="swiglu")),
     "llama-geglu": ("llama", dict(d_model=128, n_layers=4, n_heads=4, ffn="geglu")),
-    "pagmlp": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn="pagmlp", pagmlp_dropout=0.1)),
+    "pagmlp": ("llama", dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, ffn="pagmlp", ffn_dropout=0.1)),
     "path": ("llama", dict(d_model=64, n_layers=3, n_heads=2, n_kv_heads=2, ffn="swiglu", ffn_hidden=256)),
     # N = 3 parallel layers (paper Tables 2 and 6); Share-Linear grows k*d' -> d in its last Share
     "papaformer-share-linear": ("papaformer", dict(combiner="share_linear", n_parallel_layers=3, fused_grow=True)),
