@@ -150,18 +150,30 @@ def file_sha256(path: str | Path, chunk: int = 2**20) -> str:
     return h.hexdigest()
 
 
+def weights_sha256(checkpoint: str | Path) -> str:
+    """The sha256 of a checkpoint's weights: of its one weight file, or over a sharded model's files
+    in name order (each file's name and digest)."""
+    from routescope.core_models.checkpoint import weight_files
+
+    files = weight_files(checkpoint)
+    if len(files) == 1:
+        return file_sha256(files[0])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
 def provenance(checkpoint: str | Path, model: Any, job: ExportJob) -> dict[str, Any]:
     """What an export file records about how it was made: the checkpoint (name, family, the
     sha256 of its weights), the parameters' dtype, the job's settings and the RouteScope version.
     The same for every engine, device and partition, so files of one export agree and a rerun can
     tell its own."""
-    from routescope.core_models.checkpoint import WEIGHTS
-
     try:
         version = metadata.version("routescope")
     except metadata.PackageNotFoundError:
         version = "unknown"
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # bfloat16 rows differ from float32 ones
     return {"model": model_name(checkpoint), "family": model.config.family,
-            "weights_sha256": file_sha256(Path(checkpoint) / WEIGHTS), "dtype": dtype, "job": asdict(job),
+            "weights_sha256": weights_sha256(checkpoint), "dtype": dtype, "job": asdict(job),
             "routescope": version}

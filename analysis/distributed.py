@@ -394,10 +394,9 @@ class PartitionExporter:
 # --- the driver -------------------------------------------------------------------------------------
 
 def _checkpoint_files(checkpoint: str | Path) -> dict[str, bytes]:
-    from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS
+    from routescope.core_models.checkpoint import checkpoint_files
 
-    return {f: (Path(checkpoint) / f).read_bytes() for f in (CONFIG, WEIGHTS, TOKENIZER)
-            if (Path(checkpoint) / f).is_file()}
+    return {f.name: f.read_bytes() for f in checkpoint_files(checkpoint)}
 
 
 def _connect(workers: int, threads: int) -> tuple[bool, str | None]:

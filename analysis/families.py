@@ -255,53 +255,80 @@ def _papaformer_reader(model: RouteScopeLM) -> RouteReader:
         "the paper (route r = path r - 1).", table6=True)
 
 
-# --- MoEP ---------------------------------------------------------------------------------------
+# --- top-k routers: MoEP (`<layer>.router.*`) and Hugging Face MoE (`<router>.*`) ------------------
 
-def _moep_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
-    return views_of(("topk_routes", R.topk_routes(trace), "topk_choice"),
-                    ("topk_utilisation", R.topk_utilisation(trace), "utilisation"),
-                    ("topk_coselection", R.topk_coselection(trace), "coselection"))
-
-
-def _moep_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
-    parts = []
-    for layer in R.topk_layers(trace):
-        probs = trace[site_name(layer, "router", "probs")].float()  # (B, T, n)
-        idx = trace[site_name(layer, "router", "indices")]  # (B, T, k)
-        sel = np.zeros(probs.shape, dtype=bool)
-        np.put_along_axis(sel, idx.numpy(), True, axis=-1)
-        B, T, n = probs.shape
-        b, t, o = R.grid_indices(B, T, n)
-        df = pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o,
-                           C.PROB: probs.numpy().ravel(), C.SELECTED: sel.ravel()})
-        parts.append(export_rows(df, site=site_name(layer, "router", "probs"), kind="prob", value=C.PROB,
-                                 selected=C.SELECTED))
-    w = views["topk_routes"].frame
-    parts.append(export_rows(w, site=_sites(w[C.LAYER], "router", "weights"), kind="weight", value=C.WEIGHT,
-                             selected=True))
-    return parts, []
+def _topk_views(router: str) -> Views:
+    def views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+        return views_of(("topk_routes", R.topk_routes(trace, router), "topk_choice"),
+                        ("topk_utilisation", R.topk_utilisation(trace, router), "utilisation"),
+                        ("topk_coselection", R.topk_coselection(trace, router), "coselection"))
+    return views
 
 
-def _topk_reader(model: RouteScopeLM) -> RouteReader:
-    """Routes of top-k routing layers: the router's first choice (its recorded indices are best first)."""
+def _topk_export(router: str) -> Export:
+    """Rows of top-k routers: "prob" per option where the router computes probabilities (selected =
+    in its top-k), "weight" per selected option as the router returned it."""
+    def export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+        parts = []
+        for layer in R.topk_layers(trace, router):
+            probs_site = site_name(layer, router, "probs")
+            if probs_site not in trace:  # gpt-oss: the router computes no probabilities over its experts
+                continue
+            probs = trace[probs_site].float()  # (B, T, n)
+            idx = trace[site_name(layer, router, "indices")]  # (B, T, k)
+            sel = np.zeros(probs.shape, dtype=bool)
+            np.put_along_axis(sel, idx.numpy(), True, axis=-1)
+            B, T, n = probs.shape
+            b, t, o = R.grid_indices(B, T, n)
+            df = pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o,
+                               C.PROB: probs.numpy().ravel(), C.SELECTED: sel.ravel()})
+            parts.append(export_rows(df, site=probs_site, kind="prob", value=C.PROB, selected=C.SELECTED))
+        w = views["topk_routes"].frame
+        parts.append(export_rows(w, site=_sites(w[C.LAYER], *([router] if router else []), "weights"), kind="weight",
+                                 value=C.WEIGHT, selected=True))
+        return parts, []
+    return export
+
+
+def _topk_reader(router: str, describe: Callable[[RouteScopeLM], str]) -> Callable[[RouteScopeLM], RouteReader]:
+    """Routes of top-k routing layers: each token's first choice, the option its router gave the
+    largest weight (read from the recorded weights: a router may return its picks unsorted, as
+    DeepSeek-V3's does), and every pick (`topk`)."""
+    def reader(model: RouteScopeLM) -> RouteReader:
+        layers = list(model.routing_layers())
+        labels = R.option_names(model.option_labels(), layers)
+
+        def routes(tr: Any) -> np.ndarray:  # (L, B, T)
+            out = []
+            for l in layers:
+                idx, w = tr[site_name(l, router, "indices")], tr[site_name(l, router, "weights")].float()
+                out.append(idx.gather(-1, w.argmax(-1, keepdim=True))[..., 0].cpu().numpy())
+            return np.stack(out).astype(np.int64) + 1
+
+        def topk(tr: Any) -> np.ndarray:  # (L, B, T, k): every pick; a layer with a smaller k padded with 0
+            idx = [tr[site_name(l, router, "indices")].cpu().numpy().astype(np.int64) + 1 for l in layers]
+            k = max(i.shape[-1] for i in idx)
+            return np.stack([np.pad(i, [(0, 0)] * (i.ndim - 1) + [(0, k - i.shape[-1])]) for i in idx])
+
+        sites = [site_name(l, router, s) for l in layers for s in ("indices", "weights")]
+        return RouteReader(layers, labels, sites, routes, describe(model), topk=topk)
+    return reader
+
+
+def _moep_description(model: RouteScopeLM) -> str:
     cfg = model.config
-    layers = list(model.routing_layers())
-    labels = R.option_names(model.option_labels(), layers)
+    return (f"MoEP, {cfg.expert} experts: moe_shrink and moe_grow pick top-{cfg.expert_top_k} of {cfg.n_experts} "
+            f"experts, each of {cfg.n_parallel_layers} parallel layers top-{cfg.top_k} of {cfg.n_blocks} blocks. A "
+            "token's route is its router's first choice (the largest weight). Options are numbered from 0 as in "
+            "the app and ablation specs.")
 
-    def routes(tr: Any) -> np.ndarray:  # (L, B, T)
-        return np.stack([tr[site_name(l, "router", "indices")][..., 0].cpu().numpy() for l in layers]).astype(np.int64) + 1
 
-    def topk(tr: Any) -> np.ndarray:  # (L, B, T, k): every pick; a layer with a smaller k padded with 0
-        idx = [tr[site_name(l, "router", "indices")].cpu().numpy().astype(np.int64) + 1 for l in layers]
-        k = max(i.shape[-1] for i in idx)
-        return np.stack([np.pad(i, [(0, 0)] * (i.ndim - 1) + [(0, k - i.shape[-1])]) for i in idx])
-
-    return RouteReader(
-        layers, labels, [site_name(l, "router", "indices") for l in layers], routes,
-        f"MoEP, {cfg.expert} experts: moe_shrink and moe_grow pick top-{cfg.expert_top_k} of {cfg.n_experts} "
-        f"experts, each of {cfg.n_parallel_layers} parallel layers top-{cfg.top_k} of {cfg.n_blocks} blocks. A "
-        "token's route is its router's first choice (the largest weight). Options are numbered from 0 as in "
-        "the app and ablation specs.", topk=topk)
+def _hf_description(model: RouteScopeLM) -> str:
+    layers = model.routing_modules
+    picks = ", ".join(f"top-{k} of {n} experts" for k, n in sorted({(m.top_k, m.n_experts) for m in layers.values()}))
+    return (f"{html.escape(model.config.label)} (Hugging Face transformers): {len(layers)} MoE layers, each router "
+            f"picks {picks or 'nothing'}. A token's route is its router's first choice (the largest weight it "
+            "returned). Options are numbered from 0 as in the app and ablation specs.")
 
 
 # --- ParallelGPT --------------------------------------------------------------------------------
@@ -392,7 +419,10 @@ def _llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunVie
 # config.family -> its analysis; families not listed get GENERIC (register_family_analysis adds one)
 FAMILIES: dict[str, FamilyAnalysis] = {
     "papaformer": FamilyAnalysis(views=_papaformer_views, export=_papaformer_export, route_reader=_papaformer_reader),
-    "moep": FamilyAnalysis(views=_moep_views, export=_moep_export, route_reader=_topk_reader),
+    "moep": FamilyAnalysis(views=_topk_views("router"), export=_topk_export("router"),
+                           route_reader=_topk_reader("router", _moep_description)),
+    # transformers MoE models: their routers are the routing layers (`model.layers.3.mlp.gate.indices`)
+    "hf": FamilyAnalysis(views=_topk_views(""), export=_topk_export(""), route_reader=_topk_reader("", _hf_description)),
     "pgpt": FamilyAnalysis(views=_pgpt_views, export=_pgpt_export),
     "wiola": FamilyAnalysis(views=_wiola_views, export=_wiola_export, second_pass=_wiola_merge_pass, controls=(
         SidebarControl(ATM_TAU, "Token merging (ATM)", "ATM threshold tau", 0.0, 1.0, 0.01),)),

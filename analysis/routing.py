@@ -141,49 +141,62 @@ def option_weights(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.OPTION, C.LABEL, C.WEIGHT, C.SELECTED])
 
 
-# --- top-k routers (MoEP) ---------------------------------------------------------------------
+# --- top-k routers (MoEP, Hugging Face MoE) ----------------------------------------------------
+# A top-k routing layer records `<layer>.<router>.indices` / `.weights` / `.logits` (and `.probs`
+# where the router computes probabilities); `router` is the part between the layer and the output
+# names: "router" for MoEP (`moe_shrink.router.indices`), "" for a transformers router, whose
+# module is itself the routing layer (`model.layers.3.mlp.gate.indices`).
 
-def topk_layers(trace: Trace) -> list[str]:
+def topk_layers(trace: Trace, router: str = "router") -> list[str]:
     """Routing layers with a top-k router in the trace, in forward order."""
-    return [n[: -len(".router.indices")] for n in trace.names() if n.endswith(".router.indices")]
+    end = "." + site_name(router, "indices")
+    return [n[: -len(end)] for n in trace.names() if n.endswith(end)]
 
 
-def topk_routes(trace: Trace) -> pd.DataFrame:
-    """Per batch row, position and top-k routing layer, the selected options best first:
-    rank (0 = first choice), option, renormalised weight and router probability."""
+def topk_routes(trace: Trace, router: str = "router") -> pd.DataFrame:
+    """Per batch row, position and top-k routing layer, the selected options in the order the
+    router returned them: rank (0 = the largest weight, the first choice), option, weight as the
+    router returned it and router probability (NaN where the router computes none)."""
     frames = []
-    for layer in topk_layers(trace):
-        idx = trace[site_name(layer, "router", "indices")]  # (B, T, k)
-        w = trace[site_name(layer, "router", "weights")].float()  # (B, T, k)
-        probs = trace[site_name(layer, "router", "probs")].float()  # (B, T, n)
+    for layer in topk_layers(trace, router):
+        idx = trace[site_name(layer, router, "indices")]  # (B, T, k)
+        w = trace[site_name(layer, router, "weights")].float()  # (B, T, k)
+        probs_site = site_name(layer, router, "probs")
         B, T, k = idx.shape
-        b, t, r = grid_indices(B, T, k)
+        prob = _np(trace[probs_site].float().gather(-1, idx)).ravel() if probs_site in trace else np.full(B * T * k, np.nan)
+        b, t, _ = grid_indices(B, T, k)
+        # rank by weight: a router may return its choices unsorted (DeepSeek-V3's topk(sorted=False))
+        rank = torch.argsort(torch.argsort(-w, dim=-1, stable=True), dim=-1)
         frames.append(pd.DataFrame({
-            C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.RANK: r, C.OPTION: _np(idx).ravel(),
-            C.WEIGHT: _np(w).ravel(), C.PROB: _np(probs.gather(-1, idx)).ravel(),
+            C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.RANK: _np(rank).ravel(), C.OPTION: _np(idx).ravel(),
+            C.WEIGHT: _np(w).ravel(), C.PROB: prob,
         }))
     return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.RANK, C.OPTION, C.WEIGHT, C.PROB])
 
 
-def topk_utilisation(trace: Trace) -> pd.DataFrame:
+def _n_experts(trace: Trace, layer: str, router: str) -> int:
+    return trace[site_name(layer, router, "logits")].shape[-1]
+
+
+def topk_utilisation(trace: Trace, router: str = "router") -> pd.DataFrame:
     """Per top-k layer and option: tokens that selected it, tokens routed, and the share of tokens
     selecting it (shares of a layer sum to k)."""
     rows = []
-    for layer in topk_layers(trace):
-        idx = trace[site_name(layer, "router", "indices")]
-        n = trace[site_name(layer, "router", "probs")].shape[-1]
+    for layer in topk_layers(trace, router):
+        idx = trace[site_name(layer, router, "indices")]
+        n = _n_experts(trace, layer, router)
         n_tok = idx.shape[0] * idx.shape[1]
         counts = torch.bincount(idx.flatten(), minlength=n)
         rows += [(layer, o, int(counts[o]), n_tok, float(counts[o]) / n_tok) for o in range(n)]
     return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION, C.COUNT, C.N_TOKENS, C.SHARE])
 
 
-def topk_coselection(trace: Trace) -> pd.DataFrame:
+def topk_coselection(trace: Trace, router: str = "router") -> pd.DataFrame:
     """Per top-k layer and option pair (a < b): how many tokens selected both together."""
     rows = []
-    for layer in topk_layers(trace):
-        idx = trace[site_name(layer, "router", "indices")]
-        n = trace[site_name(layer, "router", "probs")].shape[-1]
+    for layer in topk_layers(trace, router):
+        idx = trace[site_name(layer, router, "indices")]
+        n = _n_experts(trace, layer, router)
         sel = F.one_hot(idx, n).sum(-2).flatten(0, 1).clamp(max=1).float()  # (N, n) 0/1
         both = sel.T @ sel  # (n, n) tokens selecting both
         rows += [(layer, a, b, int(both[a, b])) for a, b in itertools.combinations(range(n), 2)]

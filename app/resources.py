@@ -19,7 +19,7 @@ from routescope.analysis.domain import probe_routes
 from routescope.analysis.effects import ablation_effects
 from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes
 from routescope.analysis.session import RunSettings, run_prompt
-from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint
+from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, weight_files
 from routescope.core_models.devices import resolve_device
 from routescope.core_models.runtime import Ablation
 
@@ -35,7 +35,7 @@ UPLOAD_FILES = (CONFIG, WEIGHTS, TOKENIZER)
 def stamp(path: str) -> float:
     """Modification time of a checkpoint's weights: a retrained checkpoint is reloaded."""
     try:
-        return os.path.getmtime(Path(path) / WEIGHTS)
+        return max((os.path.getmtime(f) for f in weight_files(path)), default=0.0)
     except OSError:
         return 0.0
 

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from .base import RouteScopeLM
 from .config import BaseConfig, ConfigError, json_kind
 from .devices import place, resolve_device, resolve_dtype
+from .hf import is_hf_config
 from .registry import build_model, config_from_dict, param_count
 
 if TYPE_CHECKING:
@@ -95,6 +96,24 @@ def require_tokenizer(tokenizer: "Tokenizer | None", source: str | os.PathLike =
         raise ValueError(f"{source} has no {TOKENIZER}: text prompts need a tokenizer "
                          "(import the checkpoint again with --tokenizer)")
     return tokenizer
+
+
+def weight_files(path: str | os.PathLike) -> list[Path]:
+    """The weight files of a checkpoint directory: its model.safetensors, or a transformers model's
+    *.safetensors (possibly sharded)."""
+    p = Path(path)
+    if (p / WEIGHTS).is_file():
+        return [p / WEIGHTS]
+    return sorted(f for f in p.glob("*.safetensors") if f.is_file())
+
+
+def checkpoint_files(path: str | os.PathLike) -> list[Path]:
+    """Every file a copy of the checkpoint needs: config, weights (and a shard index), tokenizer
+    files, transformers' generation config. Never a pickle."""
+    p = Path(path)
+    keep = [CONFIG, TOKENIZER, "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+            "model.safetensors.index.json"]
+    return [p / f for f in keep if (p / f).is_file()] + weight_files(p)
 
 
 def read_config(path: str | os.PathLike) -> dict:
@@ -267,6 +286,26 @@ def tokenizer_mismatch(tokenizer, vocab_size: int) -> str | None:
     return None
 
 
+def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torch.dtype):
+    """A transformers model directory, loaded by transformers from local safetensors files only."""
+    from .hf import check_hf_directory, load_hf
+
+    try:
+        check_hf_directory(path, raw)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    tok = load_tokenizer_file(path / TOKENIZER) if (path / TOKENIZER).is_file() else None
+    vocab = raw.get("vocab_size")
+    if tok is not None and isinstance(vocab, int) and tok.get_vocab_size() > vocab:  # fewer is common (padding)
+        raise CheckpointError(f"{path / TOKENIZER}: {tok.get_vocab_size()} tokens but vocab_size = {vocab} in "
+                              f"{path / CONFIG}: ids {vocab}.. are past the embedding table")
+    try:
+        model = load_hf(path, raw, device=device, dtype=dtype)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    return model, tok
+
+
 def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu",
                     dtype: str | torch.dtype = torch.float32):
     """Return (model in eval mode, tokenizer or None). Every check runs before the model takes memory.
@@ -278,6 +317,9 @@ def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cp
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
+    raw = read_config(path)
+    if is_hf_config(raw):  # a transformers model directory (model_type, *.safetensors)
+        return _load_hf_checkpoint(path, raw, device, dtype)
     config = read_model_config(path)
     weights = path / WEIGHTS
     if not weights.is_file():
