@@ -5,26 +5,31 @@ embed -> n blocks -> WiolaRMSNorm -> head (tied to the embedding)
 block i:  h   = x + GCLA_i(norm_1(x), summaries of the outputs of blocks i-Lambda .. i-1)
           out = h + DSFF_i(norm_2(h))
 
-GCLA (gated cross-layer attention, Sec. VII, eqs. 24-29), per head h before the output projection:
-  O_self = causal GQA self-attention, SRPE on Q and K, KV cache
+GCLA (gated cross-layer attention, Sec. VII, eqs. 20-29), per head h before the output projection:
+  O_self = causal GQA self-attention, SRPE on Q and K, KV cache (eqs. 22-23)
   O_ctx  = softmax_l(q_t . K_ctx[t, l] / sqrt(hd)) V_ctx[t, l], with q_t the same SRPE-rotated
            query, K_ctx = S W_Kctx and V_ctx = S W_Vctx (d -> n_kv_heads * hd each) over the
-           Lambda = 2 summaries S[t] of the previous blocks' outputs
-  O      = (1 - beta) O_self + beta O_ctx,  beta = sigmoid(phi), phi a learned scalar (init -3)
-  A      = (sigmoid(W_G x) * concat_h O) W_O,  x the normalised block input
+           Lambda = 2 summaries S[t] of the previous blocks' outputs (eqs. 21, 24-26)
+  O      = (1 - beta) O_self + beta O_ctx,  beta = sigmoid(phi), phi a learned scalar (init -3; eq. 27)
+  A      = (sigmoid(W_G x) * concat_h O) W_O,  x the normalised block input (eqs. 28-29)
 summary_j[t] = mean(out_j[0..t]), a causal running mean (block 1 sees one summary; block 0 none and
 has no cross-attention parameters). With a KV cache the running sums live in
 `cache.extra["blocks.{j}.summary.running_sum"]` ((B, d), float32), so decoding equals recomputation.
-The equations are those of the authors' code (PyPI `wiola` 0.1.1, which cites the paper's
-sections); the paper's own text was not available to us.
+Two choices where the text and the authors' code (PyPI `wiola` 0.1.1) differ; we follow the code
+and each is a row of the README's deviations table:
+- eq. 20 pools the summary over all T positions, which would let every position read later tokens
+  through the context; the running mean keeps the decoder causal (and a cache exact).
+- eq. 22 pairs query head h with K/V head h mod H_kv; like the code's `repeat_kv` we pair it with
+  h // (H / H_kv) (consecutive query heads share a K/V head). The two are the same model up to a
+  permutation of the query heads (tests/models/test_wiola.py shows it).
 
 ATM (adaptive token merging, Sec. VIII), blocks n//3 .. 2n//3 - 1, merges tokens for attention
 only: the normalised block input n = norm_1(x) is scanned left to right and adjacent tokens with
 cos(n_t, n_{t+1}) > tau merge greedily into non-overlapping pairs (mean of the pair); GCLA runs on
 the shorter sequence, each group at the position of its first token (SRPE angle and causal order)
 and reading the layer summaries at its last token (as in the authors' code); the group's attention
-output is copied back to every position of the group (eq. 31) and added to each token's own
-residual, h_t = x_t + A_t (eq. 32); DSFF then runs per token. Rows of a batch merge differently:
+output is copied back to every position of the group (eq. 32) and added to each token's own
+residual, h_t = x_t + A_t (eq. 3); DSFF then runs per token. Rows of a batch merge differently:
 merged rows are right-padded to the longest, and the padding groups (placed after every real
 group) cannot affect real ones under the causal mask. On in training, off at inference unless
 `atm_inference`; per call `forward(atm=..., atm_tau=...)` (None = these defaults). ATM leaks token
@@ -52,17 +57,18 @@ Sites (per block i; in an ATM block the attn.* sites record merged groups, see a
   summary [batch, pos, d]                       running mean of out over 0..pos (the layer summary
       later blocks read; blocks 0 .. n-2 when gcla_lambda > 0)
 
-Where we differ from the authors' code (the paper's text does not settle these): block 0 has no
+Where we differ from the authors' code (the paper's text does not settle these either): block 0 has no
 context K/V or phi (their code builds them in every layer, unused in layer 0: 524,289 parameters at
 wiola-360m); a merged group sits at its first token's position (their code renumbers the merged
 sequence 0 .. T'-1); SRPE tables are computed in float64 (theirs in float32).
 
-Presets (Table III, as the authors' code lists it; Table IV's caption confirms wiola-360m's
-d = 1024, L = 16, V = 32000): d / L / H / H_kv = 768 / 12 / 12 / 4 (wiola-120m), 1024 / 16 / 16 / 4
-(wiola-360m), 1536 / 24 / 16 / 8 (wiola-700m), 2048 / 28 / 16 / 8 (wiola-1.5b); d_A = d, d_B = 4d,
+Presets (Table III; Table I and Table IV's caption give wiola-360m's d = 1024, L = 16, V = 32000):
+d / L / H / H_kv = 768 / 12 / 12 / 4 (wiola-120m), 1024 / 16 / 16 / 4 (wiola-360m),
+1536 / 24 / 16 / 8 (wiola-700m), 2048 / 28 / 16 / 8 (wiola-1.5b); d_A = d, d_B = 4d (Table I),
 vocabulary 32000, context 2048. The built models count far from the size names (and wiola-360m
-from Table IV's stated 361M): `wiola_component_counts` gives what they have. Table IV's per-layer
-rows we could check (DSFF stream B 8,388,608, fusion gate 2,097,152) are equal.
+from Table IV's stated 361M): `wiola_component_counts` gives what they have. Table IV's rows are
+equal to ours (paper_configs.py) except "ctx K/V projections (per layer) 262,144", which is one of
+the two d x H_kv d_h matrices eqs. 24-25 define (524,288 for both).
 """
 from __future__ import annotations
 
@@ -98,9 +104,9 @@ class WiolaConfig(BaseConfig):
     d_a: int = 0  # DSFF stream A (SwiGLU) hidden width; 0: d_model
     d_b: int = 0  # DSFF stream B (GELU MLP) hidden width; 0: 4 * d_model
     context: int = 256
-    srpe_k: int = 8  # helix phase groups
-    srpe_a: float = 0.1  # helix amplitude (radians)
-    srpe_f: float = 0.01  # helix frequency (turns per position)
+    srpe_k: int = 8  # spiral divisor k_s: second winding angle p * omega_j / k_s (eq. 12)
+    srpe_a: float = 0.1  # radial amplitude a_s, dimensionless: r_j = 1 + a_s sin(p f_s omega_j) (eq. 14)
+    srpe_f: float = 0.01  # radial frequency f_s: the sine's argument per position, in units of omega_j (eq. 14)
     gcla_lambda: int = 2  # previous layers each block cross-attends to (0: no cross-attention)
     gcla_phi_init: float = -3.0  # beta = sigmoid(phi) starts at sigmoid(-3) ~ 0.047
     atm_tau: float = 0.92  # merge adjacent tokens when cos > tau
@@ -145,7 +151,7 @@ class WiolaConfig(BaseConfig):
 
 
 class WiolaAttention(Attention):
-    """GCLA's self-attention (eqs. 24-25): causal GQA with SRPE on Q and K at explicit positions
+    """GCLA's self-attention (eqs. 22-23): causal GQA with SRPE on Q and K at explicit positions
     (ATM moves them), KV cache. No output projection here: GCLA blends and gates the per-head
     outputs before W_O. Returns the per-head outputs and the SRPE-rotated queries, which the
     cross-layer attention reuses."""
@@ -170,7 +176,7 @@ class WiolaAttention(Attention):
 
 
 class CrossLayerAttention(nn.Module):
-    """GCLA's cross-layer context sub-attention (eqs. 26-27): at position t the SRPE-rotated query
+    """GCLA's cross-layer context sub-attention (eqs. 24-26): at position t the SRPE-rotated query
     of the self-attention attends over the Lambda summary vectors at t, K_ctx = S W_Kctx and
     V_ctx = S W_Vctx (d -> n_kv_heads * head_dim each, GQA head layout, no position on the keys)."""
 
@@ -193,7 +199,7 @@ class CrossLayerAttention(nn.Module):
 
 
 class GatedCrossLayerAttention(nn.Module):
-    """GCLA (Sec. VII, eqs. 24-29), per head before the output projection:
+    """GCLA (Sec. VII, eqs. 22-29), per head before the output projection:
     O = (1 - beta) O_self + beta O_ctx, beta = sigmoid(phi); A = (sigmoid(W_G x) * O) W_O."""
 
     def __init__(self, c: WiolaConfig, has_cross: bool) -> None:
@@ -247,8 +253,9 @@ class WiolaBlock(nn.Module):
     def _attend(self, n: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
                 pad_mask: torch.Tensor | None, atm_tau: float | None) -> torch.Tensor:
         """GCLA of the normalised block input n (B, T, d). In an ATM block it runs on the merged
-        sequence and each group's output is restored to all its positions (eq. 31); the caller
-        adds it to every token's own residual (eq. 32), so merging never overwrites a residual."""
+        sequence (eq. 31: a pair's mean) and each group's output is restored to all its positions
+        (eq. 32); the caller adds it to every token's own residual (eq. 3), so merging never
+        overwrites a residual."""
         if self.atm is None or atm_tau is None:
             return self.attn(n, positions, summaries, pad_mask)
         groups = self.atm(n, atm_tau)  # (B, T) group of each position
@@ -355,7 +362,7 @@ def wiola_param_count(c: WiolaConfig) -> int:
     return wiola_component_counts(c)["total"]
 
 
-# Table III (the model family) as the authors' code lists it; Table IV's caption gives wiola-360m
+# Table III (the model family); Table IV's caption gives wiola-360m
 # d = 1024, L = 16, V = 32000. d_A = d and d_B = 4d in every size, context 2048.
 _PAPER = dict(vocab_size=32000, context=2048)
 registry.register_presets({

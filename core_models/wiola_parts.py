@@ -29,7 +29,7 @@ class WiolaRMSNorm(nn.Module):
 
 
 class SRPE(nn.Module):
-    """Spiral rotary position encoding (Sec. VI), applied to queries and keys like RoPE.
+    """Spiral rotary position encoding (Sec. VI, eqs. 11-18), applied to queries and keys like RoPE.
 
     Feature pair j (rotate-half pairing: j with j + hd/2, j = 0 .. hd/2 - 1) at absolute position
     p is turned by the winding angle Theta_j(p) and scaled by the radial factor r_j(p):
@@ -40,9 +40,9 @@ class SRPE(nn.Module):
         (a, b)    -> r_j(p) * (a cos Theta - b sin Theta,  b cos Theta + a sin Theta)
 
     so position p sits on a helix: the angle winds at omega_j (1 + 1/k_s) per position, the radius
-    oscillates around 1 with amplitude a_s at frequency f_s omega_j. No learned parameters. The
-    score of query p and key n turns by the relative angle (p - n) omega_j (1 + 1/k_s) and is scaled
-    by r_j(p) r_j(n), an absolute-position term within [(1 - a_s)^2, (1 + a_s)^2]. a_s = 0 is RoPE
+    oscillates around 1 with amplitude a_s (dimensionless) as the sine of p f_s omega_j (radians).
+    No learned parameters. The score of query p and key n turns by the relative angle
+    (p - n) omega_j (1 + 1/k_s) (eq. 19) and is scaled by r_j(p) r_j(n), an absolute-position term within [(1 - a_s)^2, (1 + a_s)^2]. a_s = 0 is RoPE
     with every frequency times (1 + 1/k_s). The authors' code computes the tables in float32; we
     compute them in float64 and store float32 (the nearest float32 to the formula). Tables cover
     2 * context positions and are non-persistent buffers (never in checkpoints).
@@ -95,7 +95,7 @@ def merge_groups(t: torch.Tensor, groups: torch.Tensor, n_groups: int) -> torch.
 
 
 def restore_groups(t: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """(B, G, *rest) -> (B, T, *rest): every position gets its group's value (eq. 31)."""
+    """(B, G, *rest) -> (B, T, *rest): every position gets its group's value (eq. 32)."""
     return take_positions(t, groups)
 
 

@@ -122,23 +122,23 @@ def _numel(model, *patterns: str) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if any(fnmatchcase(n, pat) for pat in patterns))
 
 
-# wiola-360m (Table IV caption: d = 1024, L = 16, V = 32000; H = 16, H_kv = 4, d_h = 64, d_A = d,
-# d_B = 4d): one row per component, (name, parameter-name patterns in block 1, the component's
-# size from the paper's dimensions, the number Table IV states where we could read it, else None).
-# Rows 7 and 8 are quoted from Table IV in issues 2 and 11; the paper's text was not available for
-# the others, so they are checked against the component formulas only.
+# wiola-360m (Table IV caption: d = 1024, L = 16, V = 32000; Table I: H = 16, H_kv = 4, d_h = 64,
+# d_A = d, d_B = 4d): one row per component, (name, parameter-name patterns in block 1, the
+# component's size from the equations' dimensions, the number Table IV states, None where Table IV
+# has no such row). Table IV's "GCLA: gate + output proj" row is the sum of our W_G and W_O rows.
 D, V, H, HKV, HD, DA, DB = 1024, 32000, 16, 4, 64, 1024, 4096
 TABLE_IV_360M = [
-    ("token embedding (tied head)", ("embed.*",), V * D, None),
-    ("self-attention W_Q, W_K, W_V", ("blocks.1.attn.self_attn.qkv.*",), D * (H + 2 * HKV) * HD, None),
+    ("token embedding (tied head)", ("embed.*",), V * D, 32_768_000),
+    ("self-attention W_Q, W_K, W_V", ("blocks.1.attn.self_attn.qkv.*",), D * (H + 2 * HKV) * HD, 1_572_864),
     ("attention output W_O", ("blocks.1.attn.proj.*",), H * HD * D, None),
-    ("GCLA context K/V", ("blocks.1.attn.cross.*",), 2 * D * HKV * HD, None),
+    ("GCLA context K/V", ("blocks.1.attn.cross.*",), 2 * D * HKV * HD, None),  # Table IV: 262,144, one of the two
     ("GCLA output gate W_G", ("blocks.1.attn.gate.*",), D * H * HD, None),
-    ("DSFF stream A (SwiGLU)", ("blocks.1.dsff.ffn_a.*",), 3 * D * DA, None),
+    ("DSFF stream A (SwiGLU)", ("blocks.1.dsff.ffn_a.*",), 3 * D * DA, 3_145_728),
     ("DSFF stream B (GELU)", ("blocks.1.dsff.ffn_b.*",), 2 * D * DB, 8_388_608),
     ("DSFF fusion gate W_f", ("blocks.1.dsff.fuse.*",), 2 * D * D, 2_097_152),
-    ("WiolaRMSNorm x2 (w, delta)", ("blocks.1.norm_1.*", "blocks.1.norm_2.*"), 2 * 2 * D, None),
+    ("WiolaRMSNorm x2 (w, delta)", ("blocks.1.norm_1.*", "blocks.1.norm_2.*"), 2 * 2 * D, 4_096),
 ]
+TABLE_IV_GATE_PLUS_OUTPUT, TABLE_IV_CTX_KV = 2_097_152, 262_144
 
 
 def test_360m_table_iv_rows_on_the_meta_device():
@@ -154,6 +154,8 @@ def test_360m_table_iv_rows_on_the_meta_device():
         if stated is not None:
             assert math.isclose(got, stated, rel_tol=0.5 / stated), (name, got, stated)  # stated exactly
         per_layer += 0 if patterns == ("embed.*",) else got
+    assert _numel(m, "blocks.1.attn.gate.*", "blocks.1.attn.proj.*") == TABLE_IV_GATE_PLUS_OUTPUT
+    assert _numel(m, "blocks.1.attn.cross.k.*") == _numel(m, "blocks.1.attn.cross.v.*") == TABLE_IV_CTX_KV
     phi = _numel(m, "blocks.1.attn.phi")
     assert phi == 1
     for i in range(2, 16):  # every layer with cross-attention has the same components
@@ -167,7 +169,7 @@ def test_360m_table_iv_rows_on_the_meta_device():
         assert counts[f"total.{k}"] == v, k
 
 
-# Table III as the authors' code lists it: (d, L, H, H_kv); d_A = d, d_B = 4d, V 32000, context 2048
+# Table III: (d, L, H, H_kv); Table I: d_A = d, d_B = 4d, V 32000, context 2048
 TABLE_III = {"wiola-120m": (768, 12, 12, 4), "wiola-360m": (1024, 16, 16, 4),
              "wiola-700m": (1536, 24, 16, 8), "wiola-1.5b": (2048, 28, 16, 8)}
 
@@ -530,3 +532,33 @@ def test_registry_tiny_preset_roundtrip():
     assert cfg == WiolaConfig(n_layers=3, atm_tau=0.6)  # the tiny preset's merge threshold (registry comment)
     assert WiolaConfig().atm_tau == 0.92  # the paper's, kept by the config and the paper-scale presets
     assert WiolaConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_eq22_grouping_is_ours_up_to_a_permutation_of_query_heads(model):
+    """Eq. 22 pairs query head h with K/V head h mod H_kv; ours (and the authors' repeat_kv) pairs it
+    with h // (H / H_kv). A plain loop of eqs. 22-23 with eq. 22's grouping, on the query heads
+    reordered by pi(h) = (h % rep) * H_kv + h // rep, gives our head h's output as its head pi(h)."""
+    att = model.blocks[1].attn.self_attn
+    H, Hkv, hd = att.n_heads, att.n_kv, att.hd
+    rep = H // Hkv
+    B, T = 2, 10
+    x = torch.randn(B, T, TINY["d_model"], generator=torch.Generator().manual_seed(5))
+    pos = torch.arange(T)[None]
+    with torch.no_grad():
+        ours, _ = att(x, pos, None)  # (B, T, H, hd)
+        q, k, v = att.qkv(x).double().split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q = att.srpe(q.view(B, T, H, hd).transpose(1, 2), pos)  # (B, H, T, hd), our head order
+        k = att.srpe(k.view(B, T, Hkv, hd).transpose(1, 2), pos)
+        v = v.view(B, T, Hkv, hd).transpose(1, 2)
+    pi = [(h % rep) * Hkv + h // rep for h in range(H)]
+    assert sorted(pi) == list(range(H))  # a permutation
+    paper_q = torch.empty_like(q)
+    for h in range(H):
+        paper_q[:, pi[h]] = q[:, h]
+    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)  # M of eq. 22
+    for hp in range(H):  # eqs. 22-23, head by head, g = h mod H_kv
+        g = hp % Hkv
+        a = torch.softmax((paper_q[:, hp] @ k[:, g].transpose(-1, -2) + mask) / math.sqrt(hd), dim=-1)
+        out = a @ v[:, g]  # (B, T, hd)
+        h = pi.index(hp)
+        assert_close_to_scale(ours[:, :, h], out, 64, msg=f"paper head {hp} = our head {h}")
