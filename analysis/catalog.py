@@ -49,6 +49,9 @@ def describe(path: str | os.PathLike) -> CheckpointInfo:
             summary = json.loads((path / "training.json").read_text())
         except (OSError, json.JSONDecodeError):
             summary = {}
+    from routescope.core_models.hf import is_hf_config
+    if is_hf_config(config):
+        return _describe_hf(path, config, summary)
     problem = None if (path / WEIGHTS).is_file() else f"no {WEIGHTS}"
     family, params = str(config.get("family", "?")) if isinstance(config, dict) else "?", summary.get("params_total")
     from routescope.core_models import config_from_dict, param_count
@@ -60,6 +63,26 @@ def describe(path: str | os.PathLike) -> CheckpointInfo:
     except ValueError as e:
         problem = problem or f"{CONFIG}: {e}"
     return CheckpointInfo(name=path.name, path=str(path), family=family, params=params,
+                          params_active=summary.get("params_active"), val_loss=summary.get("val_loss", {}),
+                          has_tokenizer=(path / TOKENIZER).is_file(), problem=problem)
+
+
+def _describe_hf(path: Path, config: dict, summary: dict) -> CheckpointInfo:
+    """A transformers model directory: its model_type, and parameters counted from the safetensors
+    headers (no tensor read, no model built)."""
+    import math
+
+    from routescope.core_models.checkpoint import read_header, weight_files
+    from routescope.core_models.hf import check_hf_directory
+
+    problem, params = None, summary.get("params_total")
+    try:
+        check_hf_directory(path, config)
+        if params is None:
+            params = sum(math.prod(shape) for f in weight_files(path) for shape, _ in read_header(f).values())
+    except ValueError as e:
+        problem = str(e)
+    return CheckpointInfo(name=path.name, path=str(path), family=str(config.get("model_type", "?")), params=params,
                           params_active=summary.get("params_active"), val_loss=summary.get("val_loss", {}),
                           has_tokenizer=(path / TOKENIZER).is_file(), problem=problem)
 

@@ -75,6 +75,7 @@ EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_nu
 WEIGHT_SUFFIXES = (".safetensors",)
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DROPPED_CHOICE = -1e9  # a dropped expert's selection score where -inf would break group sums
+LOAD_BALANCE = "load_balance"  # the auxiliary loss term transformers computes with output_router_logits
 
 
 def is_hf_config(d: dict) -> bool:
@@ -117,6 +118,18 @@ class HFConfig(BaseConfig):
     def label(self) -> str:
         return self.model_type
 
+    def validate(self) -> None:
+        self.positive("vocab_size", "context")
+        try:
+            d = json.loads(self.hf_config)
+        except json.JSONDecodeError as e:
+            self.fail("hf_config", f"not JSON ({e})")
+        self.require(isinstance(d, dict) and d.get("model_type", self.model_type) == self.model_type, "hf_config",
+                     "must be a transformers config object of the same model_type")
+        # vocab_size and context given to the preset (the tokenizer's size) win over the stored config's
+        d.update(model_type=self.model_type, vocab_size=self.vocab_size, max_position_embeddings=self.context)
+        object.__setattr__(self, "hf_config", json.dumps(d, sort_keys=True))
+
     def transformers_config(self) -> Any:
         from transformers import AutoConfig
 
@@ -126,6 +139,8 @@ class HFConfig(BaseConfig):
     @classmethod
     def from_hf_dict(cls, d: dict) -> "HFConfig":
         ctx = d.get("max_position_embeddings") or d.get("n_positions") or d.get("n_ctx") or 2048
+        if "max_position_embeddings" not in d:  # GPT-2 names its context n_positions: keep the dict as written
+            d = {**d, "max_position_embeddings": ctx}
         pad = d.get("pad_token_id")
         return cls(model_type=d["model_type"], hf_config=json.dumps(d, sort_keys=True),
                    vocab_size=int(d.get("vocab_size", 1)), context=int(ctx),
@@ -314,13 +329,36 @@ class HFModel(RouteScopeLM):
         attention = None if st.pad_mask is None else (~st.pad_mask).long()
         if attention is not None and past is not None:
             raise ValueError("padding and a KV cache together are not supported for HF models")
+        balance = st.training and bool(self.routing_modules)  # transformers' own load-balancing loss
         token = _BATCH.set(idx.shape[0])
         try:
             out = self.hf(input_ids=idx, attention_mask=attention, past_key_values=past,
-                          use_cache=past is not None)
+                          use_cache=past is not None, **({"output_router_logits": True} if balance else {}))
         finally:
             _BATCH.reset(token)
+        if balance and getattr(out, "aux_loss", None) is not None:
+            st.aux[LOAD_BALANCE] = out.aux_loss
         return out.logits.float()
+
+    def aux_weights(self) -> dict[str, float]:
+        """Training: transformers' load-balancing loss, weighted by the model's router_aux_loss_coef."""
+        coef = getattr(self.hf.config, "router_aux_loss_coef", None)
+        return {LOAD_BALANCE: float(coef)} if coef is not None else {}
+
+    def write_checkpoint_files(self, path: Path, dtype: torch.dtype) -> None:
+        """What `checkpoint.save_checkpoint` writes for this model: transformers' own save_pretrained
+        (config.json, safetensors) of a copy in the storage dtype (the shared model is not touched)."""
+        import copy
+
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its "Writing model shards" bar: the caller reports what it wrote
+        try:
+            copy.deepcopy(self.hf).to(dtype).save_pretrained(path, safe_serialization=True)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
 
     def new_cache(self) -> KVCache:
         from transformers import DynamicCache
@@ -376,8 +414,9 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
 
     check_hf_directory(path, d)
     config = HFConfig.from_hf_dict(d)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its load report goes to stderr; RouteScope reports its own problems
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # its load report and progress bar go to stderr; RouteScope reports its own
+    hf_logging.disable_progress_bar()
     try:
         if device.type == "meta":
             with torch.device("meta"):
@@ -390,6 +429,8 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         raise ValueError(f"{path}: transformers could not load the model ({str(e).splitlines()[0]})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     return HFModel(config, hf).eval()
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from typing import Any
 
 import torch
@@ -26,6 +27,13 @@ FAMILIES: dict[str, tuple[str, str, str, str]] = {
     "hf": ("routescope.core_models.hf", "HFConfig", "HFModel", "hf_param_count"),
 }
 
+def _hf(model_type: str, **fields: Any) -> str:
+    """A transformers config as the JSON text an HF preset keeps (plain data, no transformers import)."""
+    # the project tokenizer's <|endoftext|> (id 0) ends documents; <|pad|> is id 1; no BOS token
+    special = dict(bos_token_id=None, eos_token_id=0, pad_token_id=1)
+    return json.dumps({"model_type": model_type, "tie_word_embeddings": True, **special, **fields}, sort_keys=True)
+
+
 # preset name -> (family, fields). Shipped checkpoints keep the paper ratios at d = 128, d' = 64,
 # head dim 32, context 256.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -48,6 +56,16 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     # tau 0.6, not the paper's 0.92: at d = 128 adjacent cosines rarely pass 0.92 (0.03% of pairs), and
     # trained with merges at 0.6 the model saves 6% of attention FLOPs at no loss (experiments/atm-merging.md)
     "wiola-tiny": ("wiola", dict(atm_tau=0.6)),
+    # standard MoE models trained with transformers' own classes, at moep's active parameters per token
+    # (d = 128, 4 layers, 4 heads, context 256, tied embeddings): a Mixtral-style model (4 experts, top-2)
+    # and an OLMoE-style one (fine-grained: 16 small experts, top-4, QK-norm, no top-k renormalisation)
+    "mixtral-tiny": ("hf", dict(model_type="mixtral", context=256, hf_config=_hf(
+        "mixtral", hidden_size=128, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02))),
+    "olmoe-tiny": ("hf", dict(model_type="olmoe", context=256, hf_config=_hf(
+        "olmoe", hidden_size=128, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, num_experts=16, num_experts_per_tok=4, norm_topk_prob=False,
+        router_aux_loss_coef=0.01))),
 }
 
 

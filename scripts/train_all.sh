@@ -68,3 +68,6 @@ train pgpt pgpt story=0.5,math=0.5 600 "${long[@]}"
 train moep moep story=0.5,math=0.5 1000 "${long[@]}"
 train moep-swiglu moep-swiglu story=0.5,math=0.5 1000 "${long[@]}"
 train wiola-tiny wiola-tiny story=0.5,math=0.5 600 "${long[@]}"
+# standard MoE models with transformers' own classes (the `hf` extra), at moep's active parameters per token
+train mixtral-tiny mixtral-tiny story=0.5,math=0.5 1000 "${long[@]}"
+train olmoe-tiny olmoe-tiny story=0.5,math=0.5 1000 "${long[@]}"

@@ -197,8 +197,14 @@ def _save_state(dir_: Path, model, opt, meta: dict) -> None:
     tmp = dir_.with_name(dir_.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items() if not _is_alias(model, k)},
-              str(tmp / "model.safetensors"))
+    seen: set[int] = set()  # tied weights: the first name of each tensor (load_weights accepts the aliases missing)
+    state = {}
+    for k, v in model.state_dict().items():
+        ptr = v.data_ptr() if v.numel() else None  # empty tensors share address 0 without being tied
+        if (ptr is None or ptr not in seen) and not _is_alias(model, k):
+            seen.add(ptr)
+            state[k] = v.contiguous()
+    save_file(state, str(tmp / "model.safetensors"))
     names = {id(p): n for n, p in model.named_parameters()}
     moments = {}
     for group in opt.param_groups:

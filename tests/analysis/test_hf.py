@@ -1,0 +1,345 @@
+"""Hugging Face MoE models opened from a local directory, on transformers' own classes: what
+RouteScope records equals what transformers returns, ablations equal each layer recomputed by hand
+with the expert's logit masked, and every view, the export and the app work on them."""
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_models import MOE_TYPES, hf_model, save_hf
+from routescope.analysis import columns as C
+from routescope.analysis.export import read_csv
+from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
+from routescope.core_models.generate import generate
+from routescope.core_models.runtime import Ablation, tracing
+from tolerances import FORWARD_EPS, assert_close_to_scale
+
+IDS = [[11, 57, 3, 99, 140, 7, 250, 31, 64, 8, 200, 12]]
+ROUTER = {"gpt_oss": "router"}  # the router's name in its MoE block (else "gate")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, tokenizer):
+    """model_type -> (transformers model, its saved directory)."""
+    made = {}
+
+    def make(model_type: str):
+        if model_type not in made:
+            m = hf_model(model_type, tokenizer.get_vocab_size())
+            made[model_type] = m, save_hf(m, tmp_path_factory.mktemp("hf") / f"tiny-{model_type}", tokenizer)
+        return made[model_type]
+    return make
+
+
+def moe_layer_indices(model_type: str, cfg) -> list[int]:
+    """Which decoder layers are MoE, by each type's own config rule (written out here, independently)."""
+    n = cfg.num_hidden_layers
+    if model_type == "qwen2_moe":
+        return [i for i in range(n) if i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0]
+    if model_type == "qwen3_moe":
+        return [i for i in range(n) if i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0]
+    if model_type == "deepseek_v3":
+        return list(range(cfg.first_k_dense_replace, n))
+    return list(range(n))
+
+
+def router_outputs(m, ids) -> dict[str, tuple]:
+    """Each router module's own outputs (logits, weights, indices) on a plain transformers forward."""
+    got, handles = {}, []
+    for name, mod in m.named_modules():
+        if name.endswith((".mlp.gate", ".mlp.router")) and hasattr(mod, "top_k"):
+            handles.append(mod.register_forward_hook(lambda mod, a, out, name=name: got.__setitem__(name, out)))
+    try:
+        with torch.no_grad():
+            m(torch.tensor(ids))
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+@pytest.mark.parametrize("model_type", MOE_TYPES)
+def test_routing_layers_are_the_moe_blocks_routers(saved, model_type):
+    m, path = saved(model_type)
+    model, tok = load_checkpoint(path)
+    want = [f"model.layers.{i}.mlp.{ROUTER.get(model_type, 'gate')}" for i in moe_layer_indices(model_type, m.config)]
+    assert list(model.routing_layers()) == want  # dense layers in between are not routing layers
+    assert model.config.label == model_type and tok is not None
+    n = model.hf.get_submodule(want[0]).weight.shape[0]
+    shared = model_type in ("qwen2_moe", "deepseek_v3")
+    assert model.option_labels()[want[0]] == [f"expert {j}" for j in range(n)] + (["shared expert"] if shared else [])
+
+
+@pytest.mark.parametrize("model_type", MOE_TYPES)
+def test_recorded_router_outputs_equal_transformers_own(saved, model_type):
+    m, path = saved(model_type)
+    model, _ = load_checkpoint(path)
+    with torch.no_grad(), tracing() as tr:
+        out = model(torch.tensor(IDS))
+    with torch.no_grad():
+        ref = m(torch.tensor(IDS), output_router_logits=True)
+    assert torch.equal(out.logits, ref.logits.float())
+    own = router_outputs(m, IDS)
+    layers = list(model.routing_layers())
+    assert len(ref.router_logits) == len(layers) == len(own)
+    B, T = len(IDS), len(IDS[0])
+    for layer, ref_logits in zip(layers, ref.router_logits):
+        logits, weights, indices = own[layer]
+        assert torch.equal(tr[f"{layer}.logits"].reshape(B * T, -1), ref_logits.float())
+        assert torch.equal(tr[f"{layer}.indices"].reshape(B * T, -1), indices)
+        assert torch.equal(tr[f"{layer}.weights"].reshape(B * T, -1), weights.float())
+        probs = f"{layer}.probs"
+        if model_type == "gpt_oss":  # its router never computes probabilities over all experts
+            assert probs not in tr
+        elif model_type == "deepseek_v3":
+            assert torch.equal(tr[probs].reshape(B * T, -1), logits.float().sigmoid())
+        else:
+            assert torch.equal(tr[probs].reshape(B * T, -1), F.softmax(logits.float(), dim=-1))
+    if model_type == "qwen2_moe":  # the shared-expert gate's linear, as the block computes it
+        gate = m.get_submodule("model.layers.0.mlp.shared_expert_gate")
+        x = {}
+        h = m.get_submodule("model.layers.0.mlp").register_forward_hook(lambda mod, a, o: x.setdefault("in", a[0]))
+        with torch.no_grad():
+            m(torch.tensor(IDS))
+        h.remove()
+        assert torch.equal(tr["model.layers.0.mlp.shared_expert_gate"], gate(x["in"]))
+
+
+@pytest.mark.parametrize("model_type", MOE_TYPES + ("llama", "gpt2"))
+def test_greedy_generation_equals_transformers_generate(saved, model_type, tokenizer):
+    m, path = saved(model_type)
+    model, _ = load_checkpoint(path)
+    gen = generate(model, IDS[0], max_new_tokens=10)
+    ref = m.generate(torch.tensor(IDS), max_new_tokens=10, do_sample=False)[0].tolist()
+    assert gen.ids[:len(ref)] == ref  # transformers stops at its end-of-text token; ours runs on
+    assert len(ref) == len(gen.ids) or ref[-1] in np.atleast_1d(m.generation_config.eos_token_id)
+    if model_type in ("llama", "gpt2"):
+        assert model.routing_layers() == {}
+
+
+# --- ablations against the layer recomputed by hand -------------------------------------------------
+
+def hand_routes(model_type: str, router, x: torch.Tensor, dropped: set[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, weights) of router `router` on x (N, d) with the dropped experts' logits masked,
+    by each type's own rule, written out here with plain loops where it groups."""
+    logits = F.linear(x.float(), router.weight.float(), getattr(router, "bias", None))
+    logits[:, sorted(dropped)] = float("-inf")
+    k = router.top_k
+    if model_type == "gpt_oss":
+        top, idx = logits.topk(k, dim=-1)
+        return idx, F.softmax(top, dim=-1)
+    if model_type == "deepseek_v3":
+        scores = logits.sigmoid()
+        n, groups = scores.shape[1], router.num_group
+        size = n // groups
+        idx_rows = []
+        for row, s in zip(scores, scores + router.e_score_correction_bias):
+            s = s.clone()
+            s[sorted(dropped)] = -1e9  # excluded before selection (finite: the group sums stay ordered)
+            group_score = [sorted(s[g * size:(g + 1) * size].tolist(), reverse=True)[:2] for g in range(groups)]
+            keep = sorted(range(groups), key=lambda g: -sum(group_score[g]))[:router.topk_group]
+            allowed = torch.full_like(s, float("-inf"))
+            for g in keep:
+                allowed[g * size:(g + 1) * size] = s[g * size:(g + 1) * size]
+            idx_rows.append(allowed.topk(k).indices)
+        idx = torch.stack(idx_rows)
+        w = scores.gather(1, idx)
+        if router.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        return idx, w * router.routed_scaling_factor
+    probs = F.softmax(logits, dim=-1)
+    top, idx = probs.topk(k, dim=-1)
+    if model_type == "mixtral" or getattr(router, "norm_topk_prob", False):
+        top = top / top.sum(-1, keepdim=True)
+    return idx, top
+
+
+def block_by_hand(model_type: str, block, x: torch.Tensor, dropped: set[int], shared_dropped: bool) -> torch.Tensor:
+    """The MoE block's output on x (B, T, d): routes by hand, the experts through the block's own
+    expert module, the shared expert as the block adds it."""
+    router = getattr(block, "router", None) or block.gate
+    flat = x.reshape(-1, x.shape[-1])
+    idx, w = hand_routes(model_type, router, flat, dropped)
+    out = block.experts(flat, idx, w.to(flat.dtype))
+    if model_type == "qwen2_moe" and not shared_dropped:
+        out = out + torch.sigmoid(block.shared_expert_gate(flat)) * block.shared_expert(flat)
+    if model_type == "deepseek_v3" and not shared_dropped:
+        out = out + block.shared_experts(flat)
+    return out.reshape(x.shape)
+
+
+def block_io(model, layer: str, ablation: Ablation):
+    """Input and output of the MoE block holding `layer`, in a call with `ablation`."""
+    block = model.hf.get_submodule(layer.rsplit(".", 1)[0])
+    io = {}
+    h = block.register_forward_hook(lambda mod, a, o: io.update(x=a[0], y=o[0] if isinstance(o, tuple) else o))
+    try:
+        with torch.no_grad(), tracing() as tr:
+            model(torch.tensor(IDS), ablation=ablation)
+    finally:
+        h.remove()
+    return block, io["x"], io["y"], tr
+
+
+@pytest.mark.parametrize("model_type", MOE_TYPES)
+def test_dropping_an_expert_equals_the_layer_recomputed_with_its_logit_masked(saved, model_type):
+    _, path = saved(model_type)
+    model, _ = load_checkpoint(path)
+    layer = list(model.routing_layers())[0]
+    with torch.no_grad(), tracing() as base:
+        model(torch.tensor(IDS))
+    first = base[f"{layer}.indices"].flatten()
+    e = int(torch.bincount(first).argmax())  # the expert used most: dropping it changes routes
+    block, x, y, tr = block_io(model, layer, Ablation(drop=((layer, e),)))
+    assert_close_to_scale(y, block_by_hand(model_type, block, x, {e}, False), FORWARD_EPS)
+    idx = tr[f"{layer}.indices"].reshape(-1, model.routing_modules[layer].top_k)
+    assert not (idx == e).any()  # excluded before selection: the router took its next choice
+    want_idx, want_w = hand_routes(model_type, getattr(block, "router", None) or block.gate, x.reshape(-1, x.shape[-1]), {e})
+    assert [sorted(r) for r in idx.tolist()] == [sorted(r) for r in want_idx.tolist()]
+    got_w = tr[f"{layer}.weights"].reshape(idx.shape)
+    assert_close_to_scale(got_w.sort(-1).values, want_w.sort(-1).values, FORWARD_EPS)
+
+
+@pytest.mark.parametrize("model_type", MOE_TYPES)
+def test_forcing_an_expert_gives_it_every_token(saved, model_type):
+    _, path = saved(model_type)
+    model, _ = load_checkpoint(path)
+    layer = list(model.routing_layers())[-1]
+    m = model.routing_modules[layer]
+    block, x, y, tr = block_io(model, layer, Ablation(force=((layer, 1),)))
+    others = set(range(m.n_experts)) - {1}
+    assert_close_to_scale(y, block_by_hand(model_type, block, x, others, False), FORWARD_EPS)
+    idx = tr[f"{layer}.indices"].reshape(-1, m.top_k)
+    w = tr[f"{layer}.weights"].reshape(idx.shape)
+    assert (idx == 1).any(-1).all()
+    assert (w[idx != 1] == 0).all() and (w[idx == 1] > 0).all()  # the other slots carry no weight
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "deepseek_v3"])
+def test_dropping_the_shared_expert_removes_its_term(saved, model_type):
+    _, path = saved(model_type)
+    model, _ = load_checkpoint(path)
+    layer = list(model.routing_layers())[0]
+    shared = model.routing_modules[layer].n_experts  # the layer's last option
+    block, x, y, _ = block_io(model, layer, Ablation(drop=((layer, shared),)))
+    assert_close_to_scale(y, block_by_hand(model_type, block, x, set(), True), FORWARD_EPS)
+    with pytest.raises(ValueError, match="the shared expert always runs"):
+        model(torch.tensor(IDS), ablation=Ablation(force=((layer, shared),)))
+
+
+# --- opening a directory ----------------------------------------------------------------------------
+
+def test_unsupported_moe_types_and_pickled_weights_are_refused(tmp_path, saved):
+    other = tmp_path / "jamba"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "jamba", "num_experts": 8, "vocab_size": 10}))
+    (other / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="supported: mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v3, gpt_oss"):
+        load_checkpoint(other)
+    m, path = saved("mixtral")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((path / "config.json").read_text())
+    marker = tmp_path / "unpickled"
+
+    class Boom:  # unpickling this writes the marker: the loader must never get that far
+        def __reduce__(self):
+            return (Path.write_text, (marker, "ran"))
+    (pickled / "pytorch_model.bin").write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(CheckpointError, match="pickle-based weights .* refused"):
+        load_checkpoint(pickled)
+    assert not marker.exists()
+
+
+def test_the_catalog_lists_an_hf_directory(saved):
+    from routescope.analysis.catalog import describe
+
+    m, path = saved("olmoe")
+    info = describe(path)
+    assert info.problem is None and info.family == "olmoe" and info.has_tokenizer
+    assert info.params == sum(p.numel() for p in m.parameters())
+
+
+# --- views, export, app -------------------------------------------------------------------------------
+
+def test_views_and_export_rows_match_the_routers_outputs(saved, tmp_path):
+    from routescope.analysis.session import RunSettings, run_prompt
+    from routescope.cli.main import main
+
+    m, path = saved("mixtral")
+    model, tok = load_checkpoint(path)
+    prompt = "Once upon a time there was a tiny router"
+    ids = tok.encode(prompt).ids
+    own = router_outputs(m, [ids])
+    out = tmp_path / "routes.csv"
+    assert main(["export", str(path), "--prompt", prompt, "--out", str(out), "--quiet"]) == 0
+    df = read_csv(out)
+    assert set(df[C.FAMILY]) == {"mixtral"}
+    for layer, (_, weights, indices) in own.items():
+        rows = df[(df[C.LAYER] == layer) & (df[C.KIND] == "weight")].sort_values([C.POSITION, C.OPTION])
+        got = rows.groupby(C.POSITION)[C.OPTION].apply(sorted).tolist()
+        assert got == [sorted(r) for r in indices.tolist()]
+    run = run_prompt(model, tok, prompt, settings=RunSettings(max_new_tokens=4))
+    assert list(run.views) == ["topk_routes", "topk_utilisation", "topk_coselection"]
+    u = run.views["topk_utilisation"].frame
+    tr = run.generation.trace
+    for layer in model.routing_layers():  # utilisation by a plain count over every token of the run
+        counts = np.zeros(4, dtype=int)
+        for row in tr[f"{layer}.indices"].reshape(-1, 2).tolist():
+            for e in row:
+                counts[e] += 1
+        assert u[u[C.LAYER] == layer].sort_values(C.OPTION)[C.COUNT].tolist() == counts.tolist()
+
+
+def test_attribution_on_an_hf_model(saved):
+    """Token attribution (integrated gradients) is complete up to captum's delta, and dropping an
+    expert (path attribution by exact ablation) changes the target's log-prob by what a direct
+    forward with that expert dropped gives."""
+    from routescope.analysis.attribution import PathAttribution, TokenAttribution
+
+    _, path = saved("qwen3_moe")
+    model, _ = load_checkpoint(path)
+    t = len(IDS[0]) - 1
+    res = TokenAttribution(model).attribute(IDS[0], t, 5, n_steps=32)
+    assert res.attributions.shape == (len(IDS[0]),)
+    gap = res.target_log_prob - res.baseline_log_prob
+    assert abs(gap) > 10 * abs(res.convergence_delta)  # completeness: the attributions account for the gap
+    assert float(res.attributions.sum()) == pytest.approx(gap, rel=0.1)
+    df = PathAttribution(model).attribute(IDS[0], target_position=t, target_token=5, method="ablation")
+    layer = list(model.routing_layers())[0]
+
+    def log_prob(ablation=None):
+        with torch.no_grad():
+            return float(torch.log_softmax(model(torch.tensor(IDS), ablation=ablation).logits[0, t], -1)[5])
+    row = df[(df[C.LAYER] == layer) & (df[C.OPTION] == 2)]
+    want = log_prob() - log_prob(Ablation(drop=((layer, 2),)))
+    assert float(row[C.CONTRIBUTION].iloc[0]) == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+def test_the_app_draws_routes_and_the_ablation_diff_of_an_hf_model(saved, monkeypatch):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from routescope.app import state as K
+
+    _, path = saved("mixtral")
+    st.cache_resource.clear()
+    monkeypatch.setenv("ROUTESCOPE_CHECKPOINTS", str(Path(path).parent))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=120)
+    at.run()
+    at.selectbox(key=K.CHECKPOINT).set_value(str(path)).run()
+    at.segmented_control(key=K.VIEW).set_value("Routing").run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    routes = next(f for f in figs if "Top-k routing" in json.dumps(f["layout"].get("annotations", []))
+                  or "Top-k routing" in str(f["layout"].get("title", {}).get("text", "")))
+    assert "model.layers.0.mlp.gate" in json.dumps(routes["data"])
+    at.checkbox(key=K.drop_global_key(str(path), 1)).check().run()
+    at.segmented_control(key=K.VIEW).set_value("Ablation diff").run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
