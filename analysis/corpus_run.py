@@ -109,7 +109,7 @@ C_METRIC, C_VALUE = "metric", "value"
 
 # table -> its drawer (app/components/drawers.py); the comparison tables are "compare_<table>"
 DRAWERS = {"summary": "table", "utilisation": "corpus_utilisation", "label_shares": "corpus_label_shares",
-           "accuracy": "corpus_accuracy", "specialisation": "table", "co_routing": "corpus_co_routing",
+           "accuracy": "corpus_accuracy", "specialisation": "corpus_specialisation", "co_routing": "corpus_co_routing",
            "call_values": "corpus_call_values"}
 COMPARE_DRAWER = "corpus_compare"
 

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from routescope.analysis import columns as C
 from routescope.analysis.families import View
 
+from . import corpus_figures as CF
 from . import figures as F
 
 Piece = Union[F.ChoiceGrid, go.Figure, pd.DataFrame]
@@ -110,6 +111,38 @@ def _table(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     return {name: view.frame}
 
 
+# --- corpus views (analysis.corpus_run.corpus_views): a figure, then the table it draws ---------------
+
+def _corpus_utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: CF.utilisation_figure(view.frame), f"{name}_table": view.frame}
+
+
+def _corpus_label_shares(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    columns = dict.fromkeys(view.frame["label_column"])
+    return {**{f"{name}_{c}": CF.label_shares_figure(view.frame, c) for c in columns}, f"{name}_table": view.frame}
+
+
+def _corpus_accuracy(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: CF.accuracy_figure(view.frame), f"{name}_table": view.frame}
+
+
+def _corpus_specialisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: CF.specialisation_table(view.frame)}
+
+
+def _corpus_co_routing(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: CF.co_routing_figure(view.frame), f"{name}_table": view.frame}
+
+
+def _corpus_call_values(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return ({name: CF.call_values_figure(view.frame)} if len(view.frame) else {}) | {f"{name}_table": view.frame}
+
+
+def _corpus_compare(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    fig = CF.compare_figure(view.frame, view.params["table"], tuple(view.params["names"]))
+    return ({name: fig} if fig is not None else {}) | {f"{name}_table": view.frame}
+
+
 DRAWERS: dict[str, Drawer] = {
     "option_weights": _option_weights,
     "gumbel_choice": _gumbel_choice,
@@ -123,6 +156,13 @@ DRAWERS: dict[str, Drawer] = {
     "atm_merges": _atm_merges,
     "pagmlp_pathways": _pagmlp_pathways,
     "table": _table,
+    "corpus_utilisation": _corpus_utilisation,
+    "corpus_label_shares": _corpus_label_shares,
+    "corpus_accuracy": _corpus_accuracy,
+    "corpus_specialisation": _corpus_specialisation,
+    "corpus_co_routing": _corpus_co_routing,
+    "corpus_call_values": _corpus_call_values,
+    "corpus_compare": _corpus_compare,
 }
 
 

@@ -1,0 +1,176 @@
+"""Plotly figures of corpus statistics (`analysis.corpus` tables; no Streamlit here). Colours follow
+the options as everywhere (`figures.PALETTE`: option 0 blue, option 1 orange, ...)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from routescope.analysis import columns as C
+from routescope.analysis import corpus as S
+
+from .figures import PALETTE, show_token
+
+MAX_PANELS = 8  # label values or layer pairs drawn side by side; the table has every one
+
+
+def _colour(o: int) -> str:
+    return PALETTE[o % len(PALETTE)]
+
+
+def _option_names(df: pd.DataFrame, option: str = C.OPTION, label: str = C.LABEL) -> dict[int, str]:
+    """Option -> its label, the layers' own where they agree ("block 1 / expert 1" where not)."""
+    out: dict[int, list[str]] = {}
+    for o, name in zip(df[option], df[label]):
+        out.setdefault(int(o), [])
+        if name not in out[int(o)]:
+            out[int(o)].append(name)
+    return {o: " / ".join(names) for o, names in sorted(out.items())}
+
+
+def utilisation_figure(u: pd.DataFrame) -> go.Figure:
+    """Per layer, each option's share of top-k slots (first choices where k = 1) as grouped bars, the
+    uniform share as a dashed line, dead and overloaded options marked."""
+    fig = go.Figure()
+    layers = list(dict.fromkeys(u[C.LAYER]))
+    for o, name in _option_names(u).items():
+        d = u[u[C.OPTION] == o]
+        flag = np.where(d[S.DEAD], "dead", np.where(d[S.OVERLOADED], "overloaded", ""))
+        fig.add_trace(go.Bar(
+            x=d[C.LAYER], y=d[S.SLOT_SHARE], name=f"{o}: {name}", marker_color=_colour(o),
+            text=[{"dead": "✕ dead", "overloaded": "▲ over"}.get(f, "") for f in flag], textposition="outside",
+            customdata=np.stack([d[C.LABEL], d[S.FIRST_SHARE], d[S.TOKEN_SHARE], d[S.TOKENS], flag], axis=-1),
+            hovertemplate="%{x} · option " + str(o) + " (%{customdata[0]})<br>share of top-k slots %{y:.1%}"
+                          "<br>first choices %{customdata[1]:.1%} · tokens picking it %{customdata[2]:.1%} "
+                          "(%{customdata[3]:,})<br>%{customdata[4]}<extra></extra>"))
+    uniform = u.drop_duplicates(C.LAYER)
+    fig.add_trace(go.Scatter(x=uniform[C.LAYER], y=uniform[S.UNIFORM], mode="markers", name="uniform 1/n",
+                             marker=dict(symbol="line-ew-open", size=40, color="#444", line=dict(width=2)),
+                             hovertemplate="%{x}: uniform share %{y:.1%}<extra></extra>"))
+    top = float(np.nanmax(u[S.SLOT_SHARE].to_numpy(dtype=float), initial=0.0))
+    fig.update_layout(barmode="group", height=340, yaxis_tickformat=".0%", yaxis_range=[0, min(1.0, top * 1.2 + 0.05)],
+                      title="Utilisation: each option's share of the routing slots per layer "
+                            "(✕ dead: < 1% of uniform; ▲ overloaded: > 2x uniform)",
+                      xaxis=dict(categoryorder="array", categoryarray=layers), margin=dict(l=10, r=10, t=50, b=10),
+                      plot_bgcolor="white", legend_title_text="option")
+    return fig
+
+
+def label_shares_figure(sh: pd.DataFrame, column: str, reading: str = "token") -> go.Figure:
+    """For one label column: per value (a panel each, up to MAX_PANELS) the share of its routes
+    taking each option at each layer, stacked."""
+    d = sh[(sh[S.LABEL_COLUMN] == column) & (sh[S.READING] == reading)]
+    values = list(dict.fromkeys(d[S.LABEL_VALUE]))[:MAX_PANELS]
+    fig = make_subplots(rows=1, cols=max(1, len(values)), subplot_titles=[str(v) for v in values], shared_yaxes=True)
+    for o, name in _option_names(d).items():
+        for c, value in enumerate(values, start=1):
+            s = d[(d[S.LABEL_VALUE] == value) & (d[C.OPTION] == o)]
+            fig.add_trace(go.Bar(x=s[C.LAYER], y=s[C.SHARE], name=f"{o}: {name}", legendgroup=str(o),
+                                 showlegend=c == 1, marker_color=_colour(o), customdata=s[[C.COUNT, S.N]].to_numpy(),
+                                 hovertemplate=f"{column} = {value}<br>%{{x}} · option {o}: %{{y:.1%}} "
+                                               "(%{customdata[0]:,} of %{customdata[1]:,})<extra></extra>"),
+                          row=1, col=c)
+    more = len(set(d[S.LABEL_VALUE])) - len(values)
+    fig.update_layout(barmode="stack", height=340, yaxis_tickformat=".0%", plot_bgcolor="white",
+                      title=f"Route shares by {column} ({'every token' if reading == 'token' else 'last token of each row'})"
+                            + (f"; {more} more values in the table" if more > 0 else ""),
+                      margin=dict(l=10, r=10, t=70, b=10), legend_title_text="option")
+    return fig
+
+
+def accuracy_figure(acc: pd.DataFrame) -> go.Figure:
+    """Accuracy per layer (and over all layers) of each mapped label value, both readings."""
+    fig = go.Figure()
+    for (column, value, reading), g in acc.groupby([S.LABEL_COLUMN, S.LABEL_VALUE, S.READING], sort=False):
+        intended = g[S.INTENDED].iloc[0]
+        name = f"{column} = {value}" + ("" if intended is pd.NA else f" -> option {intended}") + f" ({reading})"
+        fig.add_trace(go.Bar(x=g[C.LAYER], y=g[S.ACCURACY], name=name, customdata=g[[C.CORRECT, S.N]].to_numpy(),
+                             hovertemplate=name + "<br>%{x}: %{y:.1%} (%{customdata[0]:,} of %{customdata[1]:,})"
+                                                  "<extra></extra>"))
+    fig.update_layout(barmode="group", height=340, yaxis_tickformat=".0%", yaxis_range=[0, 1], plot_bgcolor="white",
+                      title="Accuracy: routes taking the label's intended option", margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def co_routing_figure(co: pd.DataFrame) -> go.Figure:
+    """P(option b at layer j | option a at layer i) as one heatmap per layer pair (up to MAX_PANELS)."""
+    pairs = list(dict.fromkeys(zip(co[S.LAYER_A], co[S.LAYER_B])))[:MAX_PANELS]
+    cols = min(4, max(1, len(pairs)))
+    rows = math.ceil(len(pairs) / cols) if pairs else 1
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"{a} → {b}" for a, b in pairs],
+                        horizontal_spacing=0.08, vertical_spacing=0.18)
+    for k, (la, lb) in enumerate(pairs):
+        d = co[(co[S.LAYER_A] == la) & (co[S.LAYER_B] == lb)]
+        z = d.pivot(index=C.OPTION_A, columns=C.OPTION_B, values=S.P_B_GIVEN_A)
+        n = d.pivot(index=C.OPTION_A, columns=C.OPTION_B, values=C.COUNT)
+        fig.add_trace(go.Heatmap(z=z.to_numpy(dtype=float), x=[str(b) for b in z.columns], y=[str(a) for a in z.index],
+                                 zmin=0, zmax=1, colorscale="Blues", showscale=k == 0, customdata=n.to_numpy(),
+                                 hovertemplate=f"{la} option %{{y}} → {lb} option %{{x}}: P = %{{z:.1%}} "
+                                               "(%{customdata:,} tokens)<extra></extra>"),
+                      row=k // cols + 1, col=k % cols + 1)
+    fig.update_xaxes(title_text="option at the later layer", title_font_size=10)
+    fig.update_yaxes(title_text="option at the earlier layer", title_font_size=10, autorange="reversed")
+    more = len(set(zip(co[S.LAYER_A], co[S.LAYER_B]))) - len(pairs)
+    fig.update_layout(height=90 + 230 * rows, margin=dict(l=10, r=10, t=70, b=10),
+                      title="Co-routing: P(option at the later layer | option at the earlier layer)"
+                            + (f"; {more} more pairs in the table" if more > 0 else ""))
+    return fig
+
+
+def call_values_figure(cv: pd.DataFrame) -> go.Figure:
+    """Mean of each exported value over the corpus (all rows), per layer and option, a panel per
+    kind, error bars one standard deviation."""
+    d = cv[cv[S.LABEL_VALUE] == S.ALL]
+    kinds = list(dict.fromkeys(zip(d[S.KIND], d[S.SCOPE])))[:MAX_PANELS]
+    fig = make_subplots(rows=1, cols=max(1, len(kinds)), subplot_titles=[f"{k} ({s})" for k, s in kinds])
+    shown = set()
+    for c, (kind, scope) in enumerate(kinds, start=1):
+        g = d[(d[S.KIND] == kind) & (d[S.SCOPE] == scope)]
+        for o, part in g.groupby(g[C.OPTION].fillna(-1).astype(int), sort=True):
+            name = f"{o}: {part[C.LABEL].iloc[0]}" if o >= 0 else "value"
+            fig.add_trace(go.Bar(x=part[C.LAYER], y=part[S.MEAN], error_y=dict(type="data", array=part[S.STD]),
+                                 name=name, legendgroup=name, showlegend=name not in shown,
+                                 marker_color=_colour(o) if o >= 0 else "#9DB5CF",
+                                 hovertemplate=f"{kind} · %{{x}} · {name}: mean %{{y:.3f}}<extra></extra>"),
+                          row=1, col=c)
+            shown.add(name)
+    fig.update_layout(barmode="group", height=340, plot_bgcolor="white", margin=dict(l=10, r=10, t=70, b=10),
+                      title="What this family records instead of per-token routes: values over the corpus "
+                            "(mean, bars one standard deviation)")
+    return fig
+
+
+def compare_figure(c: pd.DataFrame, table: str, names: tuple[str, str]) -> go.Figure | None:
+    """Differences (b - a) of a compared table's main measure: utilisation by slot share, label
+    shares by share (every token), accuracy; other tables are shown as tables only."""
+    a, b = names
+    if table == "utilisation":
+        d, y, x, title = c, "slot_share_diff", C.LAYER, "slot share"
+    elif table == "label_shares":
+        d = c[c[S.READING] == "token"]
+        d = d.assign(_x=d[S.LABEL_COLUMN] + "=" + d[S.LABEL_VALUE] + " · " + d[C.LAYER])
+        y, x, title = "share_diff", "_x", "route share (every token)"
+    elif table == "accuracy":
+        d = c[c[S.LABEL_VALUE] == S.ALL]
+        d = d.assign(_x=d[S.LABEL_COLUMN] + " · " + d[S.READING] + " · " + d[C.LAYER])
+        y, x, title = "accuracy_diff", "_x", "accuracy"
+    else:
+        return None
+    fig = go.Figure()
+    if table == "accuracy":
+        fig.add_trace(go.Bar(x=d[x], y=d[y], name="accuracy", marker_color="#9DB5CF"))
+    else:
+        for o, name in _option_names(d).items():
+            s = d[d[C.OPTION] == o]
+            fig.add_trace(go.Bar(x=s[x], y=s[y], name=f"{o}: {name}", marker_color=_colour(o)))
+    fig.update_layout(barmode="group", height=340, yaxis_tickformat="+.0%", plot_bgcolor="white",
+                      title=f"{title}: {b} minus {a}", margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def specialisation_table(sp: pd.DataFrame) -> pd.DataFrame:
+    """The specialisation table with token texts made visible (whitespace, control characters)."""
+    return sp.assign(**{C.TOKEN: sp[C.TOKEN].map(show_token)}) if C.TOKEN in sp.columns else sp
