@@ -48,7 +48,7 @@ from typing import Any
 import pandas as pd
 
 from . import batch_export as B
-from .prompts import TEXT_SUFFIXES, check_unique_ids, decode_text, parse_prompts
+from .prompts import MAX_PROMPT_FILE_BYTES, TEXT_SUFFIXES, check_unique_ids, decode_text, parse_prompts
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,12 @@ def read_prompt_dataset(source: PromptSource):
     if suffix in TEXT_SUFFIXES:
         if fs.isdir(path):
             raise ValueError(f"{url}: is a directory; give one .txt/.tsv file (or .jsonl/.parquet files)")
+        info = fs.info(path)  # the limits of the single-process export, checked before Ray reads a byte
+        if info.get("type") != "file":
+            raise ValueError(f"{url}: is not a regular file (a named pipe or a device); give a regular file")
+        if (info.get("size") or 0) > MAX_PROMPT_FILE_BYTES:
+            raise ValueError(f"{url}: the prompt file is {info['size']:,} bytes; the limit for a .txt/.tsv file is "
+                             f"{MAX_PROMPT_FILE_BYTES >> 20} MiB (split it, or give .jsonl/.parquet files)")
 
         def parse(row: dict) -> list[dict]:
             try:

@@ -18,6 +18,7 @@ this gives Gumbel v1 48.3 / 50.0 / 1.7 % and accuracy 40.0 % (paper: 48/50/2, 40
 """
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, NamedTuple, Sequence
@@ -31,6 +32,7 @@ from routescope.core_models.sites import site_name
 
 from . import columns as C
 from .families import table6_reader
+from .prompts import MAX_LINE_BYTES, iter_lines, open_regular_file
 
 REQUIRED = (C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.PROMPT)
 PAPER_PREFIX = "paper_"
@@ -58,23 +60,22 @@ def probe_source_name(source: str | os.PathLike | IO) -> str:
 
 
 def _probe_lines(source: str | os.PathLike | IO, name: str) -> Iterator[tuple[int, str]]:
-    """(line number, text without its line end) of a path or an open text/binary stream. Bytes are
-    decoded as UTF-8 line by line, so a bad byte is reported with its line and byte offset."""
+    """(line number, text without its line end) of a path or an open text/binary stream, a line at
+    a time (`analysis.prompts.iter_lines`: a line over MAX_LINE_BYTES is refused after reading that
+    much; bytes are decoded as UTF-8 line by line, so a bad byte is reported with its line and byte
+    offset). A path that is not a regular file (a FIFO, a device) is refused without waiting on it."""
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if path.is_dir():
-            raise ValueError(f"{name}: is a directory, not a probe file")
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            raise ValueError(f"{name}: no such probe file") from None
-        except OSError as e:
-            raise ValueError(f"{name}: cannot read the probe file ({e.strerror})") from None
-        with f:
-            yield from _probe_lines(f, name)
+        with open_regular_file(source, "probe file") as f:
+            yield from iter_lines(f, name, "probe file")
+        return
+    if isinstance(source, (io.RawIOBase, io.BufferedIOBase)):
+        yield from iter_lines(source, name, "probe file")
         return
     offset = 0
-    for n, raw in enumerate(source, start=1):
+    for n, raw in enumerate(source, start=1):  # any other iterable of lines (text or bytes)
+        if len(raw) > MAX_LINE_BYTES + 2:
+            raise ValueError(f"{name}: line {n} is longer than {MAX_LINE_BYTES >> 20} MiB, the limit for one line "
+                             f"of a probe file")
         if isinstance(raw, bytes):
             try:
                 text = raw.decode("utf-8")

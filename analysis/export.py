@@ -28,8 +28,10 @@ generation candidates, Table 6 report and summary) are written by it. `read_fram
 such a table back, text restored exactly.
 
 `ExportWriter` appends batches to a CSV and/or a Parquet file (`pyarrow.parquet.ParquetWriter`)
-so memory stays flat; it writes to a temporary file beside the target and renames it into place
-only when closed without error, so a failed export leaves no half-written file. Parquet files
+so memory stays flat; it writes to a hidden temporary file beside the target (`.<name>.<hex>.tmp`,
+locked while in use) and renames it into place only when closed without error, so a failed or
+interrupted export leaves no half-written file, and the next export to the same target deletes
+the temporaries of one that was killed outright. Parquet files
 carry the export's provenance when given (JSON under the key-value metadata key
 `routescope.provenance`: checkpoint, weights hash, dtype, settings; `read_provenance`).
 """
@@ -44,6 +46,11 @@ import os
 import re
 import secrets
 import tempfile
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: temporaries are still cleaned on errors and interrupts, not after a kill
+    fcntl = None  # type: ignore[assignment]
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
@@ -238,26 +245,74 @@ def check_output(path: str | os.PathLike) -> Path:
     return p
 
 
-def _new_file_beside(path: Path) -> Path:
-    """Create an empty hidden temporary file in path's directory with the mode any new file gets
-    there (0o666 & ~umask; tempfile.mkstemp would make it 0o600), so the renamed export does too."""
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp")  # ".<target name>.<12 hex>.tmp", beside the target
+
+
+def temporary_name(path: Path) -> Path:
+    """A fresh name for a hidden temporary file beside `path` (`.<name>.<12 hex digits>.tmp`)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
+def new_temporary(path: Path) -> tuple[Path, int]:
+    """Create an empty hidden temporary file beside `path`, with the mode any new file gets there
+    (0o666 & ~umask; tempfile.mkstemp would make it 0o600, so the renamed output does too), and
+    hold an exclusive lock on it: (its path, the locked descriptor). While the descriptor is open
+    the file is in use; the lock goes with the process however it ends (SIGKILL included), which
+    is how `remove_stale_temporaries` tells a live writer's file from one a killed run left."""
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        tmp = temporary_name(path)
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            return tmp
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         except FileExistsError:
             continue
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a brand-new file: nobody else holds it
+        return tmp, fd
     raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files an interrupted run left beside `path` (`new_temporary`'s names
+    for this target whose lock nobody holds: their writer is gone); the deleted paths. A file
+    another process is still writing is left alone. Without file locks (no fcntl) nothing is
+    deleted."""
+    path = Path(path)
+    if fcntl is None:
+        return []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        m = _TEMPORARY.fullmatch(entry.name)
+        if not m or m["name"] != path.name or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(fd), os.stat(entry.path, follow_symlinks=False)):  # not renamed meanwhile
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:  # locked (a live writer), gone, or not ours to delete
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 class ExportWriter:
     """Append export batches to one or more files (.csv and/or .parquet), memory flat.
 
-    Use as a context manager: on a clean exit the temporary files are renamed onto the targets; on
-    an exception (or `abort()`) they are deleted and the targets are left as they were. Files get
-    the mode the umask gives new files. OS errors become ValueErrors naming the target, not the
-    temporary file.
+    Use as a context manager: on a clean exit the temporary files are renamed onto the targets (an
+    existing target is replaced: `replaced` lists those); on an exception, KeyboardInterrupt and the
+    CLI's stop signals included (or `abort()`), they are deleted and the targets are left as they
+    were. Temporaries a killed run left beside a target are deleted when the next writer opens it
+    (`removed_temporaries`). Files get the mode the umask gives new files. OS errors become
+    ValueErrors naming the target, not the temporary file.
 
         with ExportWriter("out.csv", "out.parquet") as w:
             for df in batches:
@@ -269,15 +324,20 @@ class ExportWriter:
             raise ValueError("ExportWriter needs at least one output path")
         self.schema = C.EXPORT_SCHEMA
         self.n_rows = 0
+        self.replaced: list[Path] = []  # targets that existed and were replaced (known once closed)
+        self.removed_temporaries: list[Path] = []  # what interrupted runs had left beside the targets
         self._sinks: list[tuple[Any, Path, Path]] = []
+        self._locks: list[int] = []
         try:
             for p in paths:
                 p = check_output(p)
                 if any(p.resolve() == final.resolve() for _, _, final in self._sinks):
                     raise ValueError(f"{p}: given twice as an output")
                 sink_class = _CsvSink if export_format(p) == "csv" else _ParquetSink
+                self.removed_temporaries += remove_stale_temporaries(p)
                 with _naming(p):
-                    tmp = _new_file_beside(p)
+                    tmp, lock = new_temporary(p)
+                    self._locks.append(lock)
                     try:
                         sink = sink_class(tmp, self.schema, provenance)
                     except BaseException:
@@ -309,10 +369,15 @@ class ExportWriter:
                     sink.close()
             for _, tmp, final in self._sinks:
                 with _naming(final):
+                    existed = final.exists()
                     os.replace(tmp, final)
+                if existed:
+                    self.replaced.append(final)
         except BaseException:
             self._cleanup()
             raise
+        finally:
+            self._unlock()
 
     def abort(self) -> None:
         """Drop everything written; the targets are untouched."""
@@ -327,6 +392,11 @@ class ExportWriter:
     def _cleanup(self) -> None:
         for _, tmp, _ in self._sinks:
             tmp.unlink(missing_ok=True)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        while self._locks:
+            os.close(self._locks.pop())
 
     def __enter__(self) -> "ExportWriter":
         return self

@@ -16,6 +16,7 @@ from routescope.core_models.generate import Generation, Sampling, generate
 from routescope.core_models.runtime import Ablation, Trace
 
 from .families import RunViews, family_analysis
+from .prompts import check_prompt
 from .table import ExportMeta, RowMeta, routing_table
 
 
@@ -120,8 +121,7 @@ def token_spans(tokenizer: Any, ids: list[int]) -> list[TokenSpan]:
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     require_tokenizer(tokenizer)
-    if not prompt or not prompt.strip():
-        raise ValueError("the prompt is empty: type some text to continue")
+    check_prompt(prompt)  # the CLI's rule too: not blank, UTF-8 text
     ids = tokenizer.encode(prompt).ids
     if not ids:
         raise ValueError("the prompt encodes to no tokens")

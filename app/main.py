@@ -10,6 +10,7 @@ st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 from routescope.app import resources  # noqa: E402  (set_page_config must come first)
 from routescope.app import state as K  # noqa: E402
 from routescope.app.views import ablation, attribution, diff, export, generation, routing, sidebar, table6  # noqa: E402
+from routescope.analysis.prompts import prompt_problem  # noqa: E402
 from routescope.app.components.messages import show_error  # noqa: E402
 from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
 from routescope.core_models.runtime import Ablation  # noqa: E402
@@ -97,8 +98,9 @@ def main() -> None:
     except ValueError as e:
         st.warning(f"{e}.")
         st.stop()
-    if not prompt.strip():
-        st.warning("The prompt is empty: type some text for the model to continue.")
+    problem = prompt_problem(prompt)  # the CLI's rule too
+    if problem:
+        st.warning(problem[0].upper() + problem[1:] + ".")
         st.stop()
     explorer(path, mtime, prompt, settings)
 

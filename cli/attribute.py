@@ -13,10 +13,10 @@ from .common import load_with_tokenizer, write_json
 def add(sub: argparse._SubParsersAction) -> None:
     a = sub.add_parser("attribute", help="attribute a next-token log-prob to tokens or routing options")
     a.add_argument("checkpoint")
-    a.add_argument("--prompt", required=True, metavar="TEXT")
+    a.add_argument("--prompt", required=True, metavar="TEXT", type=O.prompt_text)
     a.add_argument("--position", type=int, default=-1, help="position whose next token is explained (default: last)")
     tok = a.add_mutually_exclusive_group()
-    tok.add_argument("--token", metavar="TEXT", help="target token text (one token; default: the model's top-1)")
+    tok.add_argument("--token", metavar="TEXT", type=O.utf8_text, help="target token text (one token; default: the model's top-1)")
     tok.add_argument("--token-id", type=int, metavar="ID", help="target token id")
     a.add_argument("--method", choices=O.ChoicesOf("routescope.analysis.attribution", "ALL_METHODS"), default="ig",
                    metavar="METHOD", help="one of %(choices)s (ig: integrated gradients over input tokens; "

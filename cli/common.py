@@ -1,13 +1,10 @@
-"""Helpers shared by the command modules: loading a checkpoint, reading a user's text file, JSON out."""
+"""Helpers shared by the command modules: loading a checkpoint, JSON out."""
 from __future__ import annotations
 
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any, Iterable
-
-from routescope.analysis.prompts import decode_text
 
 
 def load(path: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
@@ -23,22 +20,6 @@ def load_with_tokenizer(path: str, device: str = "cpu", dtype: str = "float32") 
 
     model, tok = load(path, device, dtype)
     return model, require_tokenizer(tok, path)
-
-
-def read_text_file(path: str | Path, what: str) -> str:
-    """The UTF-8 text of a user's file (a leading byte order mark dropped); ValueError naming the
-    file for a directory, a missing or unreadable file, and bytes that are not UTF-8 (with their
-    line and byte offset)."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: is a directory, not a {what}")
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such {what}") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read the {what} ({e.strerror})") from None
-    return decode_text(data, path, what)
 
 
 def finite_json(obj):

@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from routescope.analysis.prompts import TokenText
+from routescope.analysis.prompts import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES, TokenText
 
 from . import options as O
-from .common import load_with_tokenizer, read_text_file
+from .common import load_with_tokenizer
 
 SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 ENGINES = ("embedded", "ray")
@@ -34,10 +34,15 @@ def add(sub: argparse._SubParsersAction) -> None:
                        description="Export routing records (analysis.columns.EXPORT_SCHEMA) of every prompt.")
     e.add_argument("checkpoint")
     src = e.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable)")
-    src.add_argument("--prompts", metavar="FILE", help=".txt (one prompt per line) or .tsv (prompt_id, prompt)")
+    src.add_argument("--prompt", action="append", metavar="TEXT", type=O.prompt_text,
+                     help="a prompt (repeatable; not blank)")
+    src.add_argument("--prompts", metavar="FILE",
+                     help=".txt (one prompt per line) or .tsv (prompt_id, prompt); a regular file of at most "
+                          f"{MAX_PROMPT_FILE_BYTES >> 20} MiB, lines of at most {MAX_LINE_BYTES >> 20} MiB")
     e.add_argument("--out", action="append", required=True, metavar="FILE",
-                   help="output .csv or .parquet (repeat to write both)")
+                   help="output .csv or .parquet (repeat to write both); an existing file is replaced, only "
+                        "once the export has finished (the command names each file it replaced); an "
+                        "interrupted export leaves the old file and no temporary file")
     O.add_ablation_options(e)
     e.add_argument("--max-new-tokens", type=O.nonnegative_int, default=0,
                    help="greedy continuation length (0: prompt only)")
@@ -62,11 +67,10 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def read_prompts(path: str | Path) -> list[tuple[str, str]]:
     """(prompt_id, prompt) pairs from a .txt (one per non-blank line, id = line number) or a .tsv
-    (columns prompt_id and prompt)."""
-    from routescope.analysis.prompts import parse_prompts
+    (columns prompt_id and prompt), read line by line within the limits of analysis.prompts."""
+    from routescope.analysis.prompts import read_prompt_file
 
-    path = Path(path)
-    return parse_prompts(read_text_file(path, "prompt file"), path, path.suffix)
+    return read_prompt_file(path)
 
 
 def parse_shard(spec: str | None) -> tuple[int, int]:
@@ -93,9 +97,11 @@ def job_of(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    job = job_of(args)  # checks --atm against --max-new-tokens
     if args.engine == "ray":
-        return run_ray(args, job)
+        return run_ray(args, job_of(args))
+    # the prompt file first: reading it needs no torch, so a bad one (a FIFO, a huge line) is refused at once
+    prompts = [(str(k + 1), p) for k, p in enumerate(args.prompt)] if args.prompt else read_prompts(args.prompts)
+    job = job_of(args)  # checks --atm against --max-new-tokens
     from tqdm import tqdm
 
     from routescope.analysis import batch_export as B
@@ -106,7 +112,6 @@ def run(args: argparse.Namespace) -> int:
     if len({Path(out).resolve() for out in args.out}) < len(args.out):
         raise ValueError(f"--out: the same file is given twice ({', '.join(args.out)})")
     i, n = parse_shard(args.shard)
-    prompts = [(str(k + 1), p) for k, p in enumerate(args.prompt)] if args.prompt else read_prompts(args.prompts)
     prompts = shard(prompts, i, n)
     model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     if not model.routing_layers():
@@ -124,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
                 w.write(df)
                 notes(df)
             bar.update(len(batch))
-    sys.stderr.write(f"wrote {w.n_rows} rows for {len(encoded)} prompts to {', '.join(args.out)}\n")
+    for tmp in w.removed_temporaries:
+        sys.stderr.write(f"note: removed {tmp}, left by an export that was killed\n")
+    replaced = {str(p) for p in w.replaced}
+    outs = ", ".join(f"{o} (replaced the existing file)" if str(Path(o)) in replaced else o for o in args.out)
+    sys.stderr.write(f"wrote {w.n_rows} rows for {len(encoded)} prompt{'' if len(encoded) == 1 else 's'} to {outs}\n")
     return 0
 
 

@@ -11,7 +11,7 @@ from .common import load_with_tokenizer, write_json
 def add(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="continue a prompt, with top-k next-token probabilities per step")
     g.add_argument("checkpoint")
-    g.add_argument("prompt")
+    g.add_argument("prompt", type=O.prompt_text, help="the text to continue (not blank; UTF-8)")
     g.add_argument("--max-new-tokens", type=O.nonnegative_int, default=32)
     g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     g.add_argument("--temperature", type=O.positive_float, default=1.0, help="> 0")
@@ -19,7 +19,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--top-p", type=O.probability, default=1.0, help="in (0, 1]; 1: no nucleus filter")
     g.add_argument("--seed", type=O.seed, default=0)
     g.add_argument("--top-n", type=O.positive_int, default=5,
-                   help="candidates shown per step (at most the vocabulary size)")
+                   help="candidates shown per step, 1 up to the vocabulary size (a larger value is refused)")
     O.add_ablation_options(g)
     g.add_argument("--json", action="store_true")
     O.add_device_options(g)
@@ -31,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from routescope.core_models.runtime import Ablation
 
     model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
+    vocab = model.config.vocab_size
+    if args.top_n > vocab:  # checked before any work, like every option
+        raise ValueError(f"--top-n {args.top_n}: the vocabulary has {vocab:,} tokens; give 1..{vocab}")
     ids = tok.encode(args.prompt).ids
     sampling = Sampling(greedy=not args.sample, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, seed=args.seed)

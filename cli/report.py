@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from . import options as O
@@ -20,7 +19,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                                    "on the Table 6 and held-out probes (PaPaformer), route-selective tokens, and "
                                    "each domain's validation loss with each path, block or expert dropped.")
     r.add_argument("checkpoint")
-    r.add_argument("--out", required=True, metavar="FILE.html")
+    r.add_argument("--out", required=True, metavar="FILE.html",
+                   help="the page to write; an existing file is replaced (the command says so), only once "
+                        "the page is complete")
     r.add_argument("--docs", type=O.positive_int, default=100,
                    help="validation documents per domain (default 100: the trainer's validation text)")
     r.add_argument("--seq-len", type=O.positive_int, default=256, help="tokens per validation row (default 256)")
@@ -47,20 +48,26 @@ def check_html_output(path: str) -> Path:
     return p
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` beside `path` and rename it into place: a failed write leaves `path` as it was.
-    The file gets the mode the umask gives new files."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def write_atomically(path: Path, text: str) -> bool:
+    """Write `text` to a hidden temporary file beside `path` and rename it into place: a failed or
+    interrupted write leaves `path` as it was, and temporaries a killed run left are deleted first
+    (analysis.export's temporaries). The file gets the mode the umask gives new files. Whether an
+    existing file was replaced."""
+    from routescope.analysis.export import new_temporary, remove_stale_temporaries
+
+    remove_stale_temporaries(path)
+    tmp, lock = new_temporary(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        existed = path.exists()
         os.replace(tmp, path)
+        return existed
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(lock)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +78,6 @@ def run(args: argparse.Namespace) -> int:
     route_reader(model)  # a family without per-token routes is refused before any work
     data = collect(model, tok, name=Path(args.checkpoint).resolve().name, n_docs=args.docs, seq_len=args.seq_len,
                    min_count=args.min_count, top=args.top)
-    write_atomically(out, render_html(data))
-    sys.stderr.write(f"wrote {out}\n")
+    replaced = write_atomically(out, render_html(data))
+    sys.stderr.write(f"wrote {out}{' (replaced the existing file)' if replaced else ''}\n")
     return 0

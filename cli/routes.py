@@ -130,6 +130,11 @@ def _write_table(rows: Iterable[tuple[Any, list[int]]], widths: dict[str, int], 
 def run(args: argparse.Namespace) -> int:
     """Three passes over the probe file, so memory does not grow with it beyond a few bytes per
     probe: check every row, route them (batched, with a progress bar), print the table."""
+    from routescope.analysis.prompts import open_regular_file
+
+    if args.probes:  # before torch is imported: a FIFO or a device is refused at once
+        open_regular_file(args.probes, "probe file").close()
+
     import numpy as np
     import pandas as pd
     from tqdm import tqdm

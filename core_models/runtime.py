@@ -35,11 +35,16 @@ class Ablation:
     force: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "drop", tuple(sorted((str(l), int(o)) for l, o in self.drop)))
-        object.__setattr__(self, "force", tuple(sorted((str(l), int(o)) for l, o in self.force)))
-        forced = [l for l, _ in self.force]
-        if len(forced) != len(set(forced)):
-            raise AblationError(f"force: a layer is forced to two routes: {self.force}")
+        # a spec given twice is one spec
+        object.__setattr__(self, "drop", tuple(sorted({(str(l), int(o)) for l, o in self.drop})))
+        object.__setattr__(self, "force", tuple(sorted({(str(l), int(o)) for l, o in self.force})))
+        routes: dict[str, list[int]] = {}
+        for l, o in self.force:
+            routes.setdefault(l, []).append(o)
+        twice = [f"{'every layer' if l == ALL_LAYERS else 'layer ' + l} to options {', '.join(map(str, os_))}"
+                 for l, os_ in routes.items() if len(os_) > 1]
+        if twice:
+            raise AblationError(f"force: one route per layer; forced {'; '.join(twice)}")
 
     @property
     def is_empty(self) -> bool:
@@ -78,6 +83,11 @@ class Ablation:
                 if not 0 <= o < n:
                     bad.append(f"{kind} {l}:{o}: option {o} out of range 0..{n - 1}")
         for l, n in layers.items():
+            routes = sorted({o for fl, o in self.force if fl == l or fl == ALL_LAYERS})
+            if len(routes) > 1:  # "*:0" and "parallel.0:1" both route parallel.0
+                bad.append(f"force: layer {l!r} is forced to options {', '.join(map(str, routes))} "
+                           f"(by {', '.join(f'{fl}:{o}' for fl, o in self.force if fl in (l, ALL_LAYERS))}); "
+                           f"one route per layer")
             if self.forced(l) is not None and self.forced(l) in self.dropped(l):
                 bad.append(f"layer {l!r}: option {self.forced(l)} is both forced and dropped")
             if len(self.dropped(l)) >= n:
