@@ -31,6 +31,11 @@ class LlamaConfig(BaseConfig):
     # PAGMLP only (ffn="pagmlp"); the defaults are what config.json files without them were trained with
     pagmlp_dropout: float = 0.0  # ffn_dropout's older, PAGMLP-only name: configs that set it load as trained
     pagmlp_gate: str = "independent"  # or "complementary": beta = 1 - alpha (see layers.PAGMLP)
+    # the PaPaformer reference code's block, for its Path and LLaMA_256 / LLaMA_192 models at paper
+    # scale (paper_configs.py): no attention output projection, a learned SwiGLU beta, interleaved RoPE
+    attn_out_proj: bool = True
+    swiglu_beta: bool = False
+    rope: str = "half"
 
     def validate(self) -> None:
         self.positive("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context")
@@ -45,6 +50,8 @@ class LlamaConfig(BaseConfig):
         self.require(not (self.ffn_dropout and self.pagmlp_dropout), "pagmlp_dropout",
                      "is ffn_dropout's older name: set ffn_dropout only")
         self.one_of("pagmlp_gate", PAGMLP_GATES)
+        self.one_of("rope", ("half", "interleaved"))
+        self.require(not self.swiglu_beta or self.ffn == "swiglu", "swiglu_beta", "needs ffn = swiglu")
 
     @property
     def label(self) -> str:
@@ -63,9 +70,9 @@ class LlamaConfig(BaseConfig):
 
     def block_spec(self) -> BlockSpec:
         return BlockSpec(dim=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, ffn=self.ffn,
-                         ffn_hidden=self.hidden, norm="rms", norm_eps=self.norm_eps, rope="half",
+                         ffn_hidden=self.hidden, norm="rms", norm_eps=self.norm_eps, rope=self.rope,
                          rope_base=self.rope_base, context=self.context, ffn_dropout=self.dropout,
-                         pagmlp_gate=self.pagmlp_gate)
+                         pagmlp_gate=self.pagmlp_gate, attn_out_proj=self.attn_out_proj, swiglu_beta=self.swiglu_beta)
 
 
 class Llama(RouteScopeLM):
@@ -92,9 +99,9 @@ class Llama(RouteScopeLM):
 def llama_param_count(c: LlamaConfig) -> int:
     """Closed form of sum(p.numel()) for a Llama built from `c`."""
     d, hd = c.d_model, c.d_model // c.n_heads
-    attn = d * (c.n_heads + 2 * c.n_kv_heads) * hd + d * d
+    attn = d * (c.n_heads + 2 * c.n_kv_heads) * hd + (d * d if c.attn_out_proj else 0)
     gate_scalars = (2 if c.pagmlp_gate == "independent" else 1) if c.ffn == "pagmlp" else 0  # a (and b)
-    ffn = 3 * d * c.hidden + gate_scalars
+    ffn = 3 * d * c.hidden + gate_scalars + (c.hidden if c.swiglu_beta else 0)
     per_block = attn + ffn + 2 * d
     emb = c.vocab_size * d * (1 if c.tie_embeddings else 2)
     return emb + c.n_layers * per_block + d

@@ -95,3 +95,63 @@ def test_meta_build_matches_a_real_build():
         [(n, p.shape) for n, p in paper_counts.build_model(meta.config).named_parameters()]
     assert not any(p.is_meta for p in paper_counts.build_model(meta.config).parameters())
     assert torch.device("meta") == next(meta.parameters()).device
+
+
+# --- PaPaformer Table 2: what its totals show ------------------------------------------------
+
+def _papa_entries():
+    names = ("LLaMA_256 (PaPaformer base, paper)", "LLaMA_192 (PaPaformer base, paper)",
+             "path (PaPaformer Path 1 & 2, paper)", "papaformer-share-linear (paper)")
+    by_name = {e.name: e for e in PAPER_CONFIGS}
+    return [by_name[n] for n in names]
+
+
+def test_papaformer_table_2_rows_are_present_with_the_papers_totals():
+    stated = {e.name: next(pc.stated for pc in e.counts if pc.what == "total") for e in _papa_entries()}
+    assert list(stated.values()) == [32e6, 22.5e6, 13.5e6, 28.5e6]
+    for e in PAPER_CONFIGS:
+        if e.preset.startswith("papaformer"):
+            assert any(pc.what == "total" and pc.stated == 28.5e6 for pc in e.counts), e.name
+    rendered = paper_counts.render(paper_counts.all_rows())
+    assert "could not be read" not in rendered and "| 13.5M |" in rendered and "| 22.5M |" in rendered
+
+
+def test_parallel_minus_two_paths_has_no_vocabulary_term():
+    path_e, par_e = _papa_entries()[2:]
+    diff_row = next(pc for pc in par_e.counts if pc.what.startswith("Parallel - 2 x Path"))
+    counts = {}
+    for V in (50278, 1000):  # the difference is the same at any vocabulary
+        path = paper_counts.build_on_meta(PaperConfig(path_e.name, path_e.preset, {**path_e.overrides, "vocab_size": V}))
+        par_over = {**par_e.overrides, "vocab_size": V, "pad_id": V - 1}
+        par = paper_counts.build_on_meta(PaperConfig(par_e.name, par_e.preset, par_over))
+        total = lambda m: sum(p.numel() for p in m.parameters())
+        counts[V] = total(par) - 2 * total(path)
+        assert paper_counts.count(par, diff_row) == counts[V]  # the row's patterns count exactly the difference
+    assert counts[50278] == counts[1000]
+    assert diff_row.stated == 28.5e6 - 2 * 13.5e6 and not diff_row.asserted
+    # Table 2's two d = 256 blocks alone exceed the paper's difference, whatever the block variant
+    big = paper_counts.build_on_meta(_papa_entries()[0])  # LLaMA_256: blocks of the same kind
+    two_blocks = sum(p.numel() for n, p in big.named_parameters() if n.startswith(("blocks.0.", "blocks.1.")))
+    assert two_blocks > diff_row.stated and counts[1000] > two_blocks
+
+
+def test_table_2_totals_imply_different_vocabularies():
+    """Each total minus its model's vocabulary-free part, over the parameters per vocabulary entry,
+    gives the vocabulary that total implies (within the paper's rounding); no one vocabulary fits."""
+    intervals = []
+    for e in _papa_entries():
+        m = paper_counts.build_on_meta(e)
+        per_entry = sum(p.numel() for n, p in m.named_parameters() if n.startswith(("embed", "head"))) / e.overrides["vocab_size"]
+        rest = sum(p.numel() for n, p in m.named_parameters() if not n.startswith(("embed", "head")))
+        pc = next(pc for pc in e.counts if pc.what == "total")
+        lo, hi = ((pc.stated + s * pc.rel_tol * pc.stated - rest) / per_entry for s in (-1, 1))
+        assert 45_000 < lo < hi < 51_000, e.name  # "~50K"
+        intervals.append((lo, hi))
+    common_lo, common_hi = max(lo for lo, _ in intervals), min(hi for _, hi in intervals)
+    assert common_lo > common_hi  # the intervals share no vocabulary
+
+
+@pytest.mark.parametrize("entry", PAPER_CONFIGS, ids=[e.name for e in PAPER_CONFIGS])
+def test_every_entry_builds_what_its_closed_form_counts(entry):
+    model = paper_counts.build_on_meta(entry)
+    assert sum(p.numel() for p in model.parameters()) == param_count(model.config)
