@@ -8,12 +8,16 @@ computed at all and the remaining weights are renormalised to sum to 1 (pgpt-1: 
 1). Forcing path j keeps only path j.
 
 lgpt / cgpt: L blocks in groups of k = `halve_every`; every group ends with a width halving through
-a Linear (lgpt) or a kernel-1 Conv1d (cgpt), both with bias. As in the paper's eqs. 6-7 and its
-Listing 1 (`LinearGPT` in the reference code): block i runs at d / 2^floor(i / k), the last group's
-halving included, so ln_f and the (untied) head see d / 2^(L / k); the number of heads stays n_heads,
-so the head size halves with the width. At the paper's configuration (d = 512, L = 8, k = 2,
-8 heads, GPT-2 vocabulary 50304, context 1024) lgpt and cgpt count the paper's 36.4M parameters
-(core_models/paper_configs.py; the README's paper-scale table is generated from it).
+a Linear (lgpt) or a kernel-1 Conv1d (cgpt), both with bias. Block i runs at d / 2^floor(i / k), and
+the last group's halving is included, so ln_f and the (untied) head see d / 2^(L / k): eq. 7
+(m = floor(N / n)), §4.1 ("the final embedding dimension to be 32": 512 / 2^4) and Table 2's 36.4M
+need it. The paper contradicts itself here: Appendix A's Listing 1 halves only between groups
+(`i % layer_red == 0 and i != 0`), without the last halving, and its 581,827,200 is that count
+(tests/models/test_shrink_gpt.py runs the listing); we follow eq. 7 and §4.1. The number of heads
+stays n_heads (`LinearGPT` in the reference code), so the head size halves with the width. At the
+paper's configuration (d = 512, L = 8, k = 2, 8 heads, GPT-2 vocabulary 50304, context 1024) lgpt
+and cgpt count the paper's 36.4M parameters (core_models/paper_configs.py; the README's paper-scale
+table is generated from it).
 """
 from __future__ import annotations
 
@@ -173,7 +177,8 @@ def pgpt_param_count(c: PGPTConfig) -> int:
 @dataclass(frozen=True)
 class ShrinkGPTConfig(BaseConfig):
     """lgpt: n_layers / halve_every groups of `halve_every` blocks, each group followed by a d -> d/2
-    reduction (the last one included, eq. 7), at a fixed number of heads (Listing 1)."""
+    reduction (the last one included: eq. 7 and §4.1; Listing 1 leaves it out), at a fixed number
+    of heads (the reference code's LinearGPT)."""
     family = "lgpt"
     vocab_size: int = 4096
     d_model: int = 128

@@ -1,5 +1,6 @@
-"""lgpt / cgpt: the width schedule of the ParallelGPT paper's eqs. 6-7 (Listing 1), fixed head count,
-and the paper's 36.4M at its own configuration (built on the meta device)."""
+"""lgpt / cgpt: the width schedule of the ParallelGPT paper's eqs. 6-7 and §4.1 (the last halving
+included), fixed head count, the paper's 36.4M at its own configuration (built on the meta device),
+and what Listing 1 (Appendix A) counts: it leaves the last halving out."""
 import pytest
 import torch
 
@@ -12,8 +13,8 @@ PAPER = dict(d_model=512, n_layers=8, n_heads=8, halve_every=2, vocab_size=50304
 
 
 def listing_schedule(d: int, n_layers: int, k: int) -> tuple[list[int], int]:
-    """Block widths and the output width, stepping through the paper's loop: k blocks at width w,
-    then w -> w // 2, for n_layers // k groups."""
+    """Block widths and the output width of eqs. 6-7: k blocks at width w, then w -> w // 2, for
+    n_layers // k groups (the last group's halving included: d / 2^(N/n), §4.1's "final 32")."""
     widths, w = [], d
     for _ in range(n_layers // k):
         widths += [w] * k
@@ -86,3 +87,38 @@ def test_cgpt_kernel_1_conv_is_the_lgpt_linear():
 def test_impossible_schedules_are_named(fields, named):
     with pytest.raises(ConfigError, match=named):
         from_name("lgpt", **fields)
+
+
+def listing_1(vocab_size: int, n_embd: int, n_layer: int, layer_red: int) -> tuple[int, int, int]:
+    """Appendix A's Listing 1, line by line (bias False): (gpt_params, lgpt_params, final width).
+    Lines 18-19 count a block on every iteration (the indentation printed puts them in the `if`,
+    which would skip most blocks and matches none of the paper's numbers)."""
+    embedding_params = vocab_size * n_embd
+    block_params = n_layer * (12 * n_embd ** 2)
+    gpt_params = embedding_params + block_params + n_embd * vocab_size
+    total_lgpt_params = embedding_params
+    current_embd = n_embd
+    for i in range(n_layer):
+        linear_layer_params = 0
+        if i % layer_red == 0 and i != 0:
+            current_embd = max(1, current_embd // 2)
+            linear_layer_params = current_embd * 2 * current_embd
+        block_params = 12 * current_embd ** 2
+        total_lgpt_params += block_params + linear_layer_params
+    return gpt_params, total_lgpt_params + current_embd * vocab_size, current_embd
+
+
+def test_listing_1_leaves_the_last_halving_out():
+    """Appendix A's 581,827,200 (d 1600, 48 layers, halving every 12) is Listing 1's count, whose loop
+    halves only between groups: 3 halvings for 4 groups, final width d / 2^3. Eq. 7, §4.1's "final
+    embedding dimension ... 32" (512 / 2^4 with n = 2, N = 8) and Table 2's 36.4M need the last one."""
+    gpt, lgpt, final = listing_1(50304, 1600, 48, 12)
+    assert (gpt, lgpt) == (1_635_532_800, 581_827_200)  # Appendix A, both figures
+    assert final == 1600 // 2 ** 3 != listing_schedule(1600, 48, 12)[1] == 1600 // 2 ** 4
+    # ours: the last halving too (8 heads: Appendix A's 16 do not divide the width 200 of the last group)
+    assert from_name("lgpt", **{**PAPER, "d_model": 1600, "n_layers": 48, "n_heads": 8,
+                                "halve_every": 12}).out_dim == 100
+    # at §4.1's configuration: ours ends at 32 and counts 36.4M; Listing 1 ends at 64 and would not
+    assert meta_model("lgpt", **PAPER).config.out_dim == 32
+    _, lgpt_paper, final_paper = listing_1(50304, 512, 8, 2)
+    assert final_paper == 64 and round(lgpt_paper / 1e6, 1) != 36.4
