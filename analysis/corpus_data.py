@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Sequence
 
+from .prompts import iter_lines, open_regular_file
+
 SUFFIXES = (".txt", ".tsv", ".csv", ".jsonl", ".parquet", ".pq")
 TEXT_COLUMNS = ("text", "prompt")  # the text column, in order of preference
 ID_COLUMNS = ("prompt_id", "id")
@@ -91,32 +93,17 @@ def _suffix(name: str) -> str:
 
 
 def _binary(source: Any, name: str) -> IO[bytes]:
+    """Uploaded bytes, or the file opened as the prompt readers open theirs (a directory, FIFO,
+    device or socket refused without waiting on it)."""
     if isinstance(source, bytes):
         return io.BytesIO(source)
-    path = Path(source)
-    if path.is_dir():
-        raise ValueError(f"{name}: is a directory, not a dataset file")
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise ValueError(f"{name}: no such dataset file") from None
-    except OSError as e:
-        raise ValueError(f"{name}: cannot read the dataset file ({e.strerror})") from None
+    return open_regular_file(source, "dataset file")
 
 
 def _text_lines(f: IO[bytes], name: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text without its line end); a bad byte is named with its line and offset."""
-    offset = 0
-    for n, raw in enumerate(f, start=1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}: line {n} (byte offset {offset + e.start}) is not UTF-8 text ({e.reason}); "
-                             "save the dataset as UTF-8") from None
-        offset += len(raw)
-        if n == 1:
-            text = text.removeprefix("\ufeff")
-        yield n, text.removesuffix("\n").removesuffix("\r")
+    """(1-based line number, text without its line end); a bad byte is named with its line and
+    offset, a line over the prompt readers' 1 MiB limit refused."""
+    return iter_lines(f, name, "dataset")
 
 
 def _records(source: Any, name: str, suffix: str) -> tuple[list[str], Iterator[tuple[str, dict[str, Any]]]]:
@@ -405,7 +392,13 @@ SHIPPED: dict[str, Callable[[], CorpusData]] = {
 }
 
 
+# short names for the command line (`routescope corpus --shipped table6`)
+SHIPPED_IDS = dict(zip(("table6", "heldout", "validation", "validation-story", "validation-math"), SHIPPED))
+
+
 def shipped(name: str) -> CorpusData:
+    """A shipped dataset by its name or short name."""
+    name = SHIPPED_IDS.get(name, name)
     if name not in SHIPPED:
-        raise ValueError(f"no shipped dataset {name!r} (shipped: {', '.join(SHIPPED)})")
+        raise ValueError(f"no shipped dataset {name!r} (shipped: {', '.join(SHIPPED_IDS)})")
     return SHIPPED[name]()

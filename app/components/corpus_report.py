@@ -1,0 +1,43 @@
+"""The corpus view as one offline HTML page, drawn by the drawer table (no Streamlit here): the
+app's download and `routescope corpus` / `routescope report` write the same page."""
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from routescope.analysis.corpus_page import render_page
+from routescope.analysis.corpus_run import CorpusResult, corpus_views, provenance
+from routescope.analysis.families import RunViews
+
+from .drawers import DrawContext, draw
+
+
+def draw_views(views: RunViews, labels: Mapping[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Each view's pieces (figures, tables) by view name, in order."""
+    ctx = DrawContext([], None, labels)
+    return {name: draw({name: view}, ctx) for name, view in views.items()}
+
+
+def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mapping[str, list[str]], *,
+         other: CorpusResult | None = None, compared: Mapping[str, pd.DataFrame] | None = None,
+         why_not: str | None = None, extra: Sequence[tuple[str, str, str]] = (), title: str | None = None) -> str:
+    """The page of one model's statistics over a dataset, with the comparison to `other` (its
+    tables `compared`, or `why_not` when the two cannot be compared) and `extra` sections."""
+    names = (result.model, other.model if other is not None else "")
+    views = corpus_views(tables, compared, names)
+    esc = html.escape
+    intro = (f"<p>{result.description}</p><p>Dataset <b>{esc(result.dataset)}</b>: {result.stats.n_rows:,} rows, "
+             f"{result.stats.n_tokens:,} tokens (the first {esc(str(result.settings.max_tokens or 'context'))} "
+             f"tokens of each row; padding never counted).</p>")
+    if other is not None:
+        intro += (f"<p>Compared with <b>{esc(other.model)}</b> on the same rows: " +
+                  (esc(f"not comparable: {why_not}") if why_not else "its tables are below, beside this model's "
+                   "(columns _a: " + esc(result.model) + ", _b: " + esc(other.model) + ")") + "</p>")
+    meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
+    all_tables = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}
+    return render_page(title=title or f"RouteScope corpus routing: {result.model} on {result.dataset}", intro=intro,
+                       pieces=draw_views(views, labels), tables=all_tables, notes=list(result.notes), extra=extra,
+                       meta=meta)
+

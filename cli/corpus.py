@@ -1,0 +1,116 @@
+"""`routescope corpus`: how a checkpoint routes over a whole dataset, as tables (CSV and Parquet)
+and the corpus view's offline HTML page, optionally beside a second checkpoint on the same rows.
+
+    routescope corpus CHECKPOINT (--data FILE | --shipped NAME) [--compare CHECKPOINT] --out DIR
+
+Writes into DIR (made if missing; existing files of the same names are replaced): `<table>.csv` and
+`<table>.parquet` for each table of `analysis.corpus` (summary, utilisation, label_shares, accuracy,
+specialisation, co_routing; call_values for families without per-token routes), with --compare
+`compare_<table>.*` (both side by side with their differences), `corpus.html` (the page) and
+`corpus.json` (provenance). The dataset is checked, and the two checkpoints' routing layers
+compared, before any model runs: a bad file or two checkpoints that cannot be compared stop the
+command with one line naming why (exit 2), and nothing is written. The file is streamed: the
+command has no size limit (the app's limits are `analysis.corpus_data.APP_LIMITS`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import options as O
+from .common import load_with_tokenizer
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("corpus", help="routing statistics of a checkpoint over a dataset (tables, offline page)",
+                       description="Utilisation (dead and overloaded options), routes by label, accuracy against "
+                                   "intended options, token specialisation and co-routing of a checkpoint over a "
+                                   "dataset, optionally beside a second checkpoint.")
+    c.add_argument("checkpoint")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", metavar="FILE", help=".txt (one prompt per line), or .tsv / .csv / .jsonl / .parquet "
+                                                     "with a text (or prompt) column and label columns")
+    src.add_argument("--shipped", metavar="NAME", help="a shipped dataset: table6, heldout, validation, "
+                                                        "validation-story, validation-math")
+    c.add_argument("--compare", metavar="CHECKPOINT", help="a second checkpoint, run on the same rows")
+    c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and corpus.html")
+    c.add_argument("--text-column", metavar="NAME", help="the text column (default: text, else prompt)")
+    c.add_argument("--labels", metavar="COL,COL", help="label columns (default: every other column with at most "
+                                                        "50 distinct values)")
+    c.add_argument("--intended", action="append", default=[], metavar="COLUMN:VALUE=OPTION,...",
+                   help="intended 0-based option of label values, e.g. domain:story=0,math=1 (repeatable); "
+                        "expected_path / expected_option columns need none")
+    c.add_argument("--max-tokens", type=O.positive_int, default=None,
+                   help="tokens kept from the start of each text (default: the model's context)")
+    c.add_argument("--batch-size", type=O.positive_int, default=32, help="rows per forward (padded batches)")
+    c.add_argument("--top", type=O.positive_int, default=10, help="specialised tokens per layer and option")
+    c.add_argument("--min-count", type=O.positive_int, default=5, help="occurrences a token needs to be ranked")
+    c.add_argument("--format", default="csv,parquet", metavar="FMT,FMT", help="table formats: csv, parquet "
+                                                                               "(default both)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    O.add_device_options(c)
+    c.set_defaults(func=run)
+
+
+def _formats(spec: str) -> list[str]:
+    from routescope.analysis.corpus_page import FORMATS
+
+    out = [f.strip().lower() for f in spec.split(",") if f.strip()]
+    bad = [f for f in out if f not in FORMATS]
+    if bad or not out:
+        raise ValueError(f"--format {spec!r}: use {', '.join(FORMATS)} (comma-separated)")
+    return list(dict.fromkeys(out))
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from routescope.analysis import corpus as S
+    from routescope.analysis import corpus_data as D
+    from routescope.analysis import corpus_page as P
+    from routescope.analysis import corpus_run as R
+    from routescope.analysis.prompts import TokenText
+
+    formats = _formats(args.format)
+    intended = S.parse_intended(args.intended)
+    out = P.check_out_dir(args.out)
+    labels = [c.strip() for c in args.labels.split(",") if c.strip()] if args.labels is not None else None
+    data = D.shipped(args.shipped) if args.shipped else \
+        D.load_corpus(args.data, text_column=args.text_column, label_columns=labels)
+    settings = R.CorpusSettings(max_tokens=args.max_tokens, batch_size=args.batch_size)
+    names = [Path(args.checkpoint).resolve().name]
+    loaded = [load_with_tokenizer(args.checkpoint, args.device, args.dtype)]
+    if args.compare:
+        names.append(Path(args.compare).resolve().name)
+        if names[1] == names[0]:
+            names = [f"{names[0]} (A)", f"{names[0]} (B)"]
+        loaded.append(load_with_tokenizer(args.compare, args.device, args.dtype))
+    layouts = [R.layout_of(m, data.label_columns) for m, _ in loaded]
+    why = S.comparable(*layouts, names=tuple(names)) if len(layouts) == 2 else None
+    if why:
+        raise ValueError(f"cannot compare {names[0]} with {names[1]}: {why}")
+    for lay in layouts:
+        if lay.routes:
+            S.check_intended(intended, lay)
+    results = []
+    for name, (model, tok) in zip(names, loaded):
+        text = TokenText(tok)
+        with tqdm(total=data.n_rows, desc=name, unit="row", disable=True if args.quiet else None) as bar:
+            results.append(R.run_corpus(model, tok, data, name=name, settings=settings,
+                                        progress=lambda n, b=bar: b.update(n - b.n), decode=lambda i, t=text: t([i])[0]))
+    tables = [r.tables(top=args.top, min_count=args.min_count, intended=intended) for r in results]
+    compared = S.compare_tables(*tables) if len(tables) == 2 else None
+    written = P.write_tables({**tables[0], **{f"compare_{k}": v for k, v in (compared or {}).items()}}, out, formats)
+    from routescope.app.components.corpus_report import page  # the drawer table (plotly only, no Streamlit)
+
+    P.write_file(out / "corpus.html", page(results[0], tables[0], loaded[0][0].option_labels(),
+                                           other=results[1] if len(results) == 2 else None,
+                                           compared=compared).encode("utf-8"))
+    doc = {"a": R.provenance(results[0]), **({"b": R.provenance(results[1])} if len(results) == 2 else {}),
+           "tables": sorted({p.stem for p in written}), "formats": formats, "notes": list(results[0].notes)}
+    P.write_file(out / "corpus.json", json.dumps(doc, indent=1, ensure_ascii=False).encode("utf-8"))
+    sys.stderr.write(f"wrote {len(written) + 2} files to {out} ({data.n_rows:,} rows, "
+                     f"{results[0].stats.n_tokens:,} tokens{', 2 checkpoints' if len(results) == 2 else ''})\n")
+    return 0
