@@ -562,7 +562,13 @@ def compare_tables(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame])
         ta, tb = a[name], b[name]
         keys = [k for k in keys if k in ta.columns and k in tb.columns]
         cols = [m for m in measures + flags if m in ta.columns and m in tb.columns]
-        m = ta[keys + cols].merge(tb[keys + cols], on=keys, how="outer", suffixes=("_a", "_b"), sort=False)
+        left = ta[keys + cols].assign(_ia=np.arange(len(ta)))
+        right = tb[keys + cols].assign(_ib=np.arange(len(tb)))
+        m = left.merge(right, on=keys, how="outer", suffixes=("_a", "_b"), sort=False)
+        m = m.sort_values(["_ia", "_ib"], na_position="last", kind="stable")  # a's order, then rows only b has
+        for c in cols:
+            if pd.api.types.is_integer_dtype(ta[c].dtype):  # counts stay integers where one side has none
+                m[f"{c}_a"], m[f"{c}_b"] = m[f"{c}_a"].astype("Int64"), m[f"{c}_b"].astype("Int64")
         for c in measures:
             if c in cols:
                 m[f"{c}_diff"] = m[f"{c}_b"].astype("float64") - m[f"{c}_a"].astype("float64")

@@ -64,6 +64,7 @@ class CorpusResult:
     settings: CorpusSettings
     seconds: float
     description: str
+    max_tokens: int = 0  # tokens kept per row: settings.max_tokens, at most the model's context
     decode: Callable[[int], str] | None = field(default=None, repr=False)
     notes: tuple[str, ...] = ()
 
@@ -101,7 +102,7 @@ class CorpusResult:
                 ("options_per_layer", ", ".join(map(str, lay.n_options))),
                 ("statistics", "per-token routes" if lay.routes else "per-call values (no per-token routes)"),
                 ("top_k_recorded", str(lay.k)), ("label_columns", ", ".join(lay.label_columns) or "none"),
-                ("max_tokens", str(self.settings.max_tokens)), ("seconds", f"{self.seconds:.2f}")]
+                ("max_tokens", str(self.max_tokens)), ("seconds", f"{self.seconds:.2f}")]
         return pd.DataFrame(rows, columns=[C_METRIC, C_VALUE])
 
 
@@ -218,13 +219,14 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
         "over the corpus." if layout.layers else f"{model.config.label} has no routing layers: nothing to count.")
     return CorpusResult(model=name, family=model.config.label, dataset=data.name, digest=data.digest, layout=layout,
                         stats=stats, settings=settings, seconds=time.perf_counter() - t0, description=description,
-                        decode=decode, notes=tuple(notes))
+                        max_tokens=limit, decode=decode, notes=tuple(notes))
 
 
 def provenance(result: CorpusResult) -> dict[str, Any]:
     """What the CLI's and the page's outputs record about how the statistics were made."""
     return {"model": result.model, "family": result.family, "dataset": result.dataset,
-            "dataset_sha256": result.digest, "settings": asdict(result.settings), "rows": result.stats.n_rows,
+            "dataset_sha256": result.digest, "settings": asdict(result.settings), "max_tokens": result.max_tokens,
+            "rows": result.stats.n_rows,
             "tokens": result.stats.n_tokens}
 
 

@@ -29,7 +29,7 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
     views = corpus_views(tables, compared, names)
     esc = html.escape
     intro = (f"<p>{result.description}</p><p>Dataset <b>{esc(result.dataset)}</b>: {result.stats.n_rows:,} rows, "
-             f"{result.stats.n_tokens:,} tokens (the first {esc(str(result.settings.max_tokens or 'context'))} "
+             f"{result.stats.n_tokens:,} tokens (at most the first {result.max_tokens} "
              f"tokens of each row; padding never counted).</p>")
     if other is not None:
         intro += (f"<p>Compared with <b>{esc(other.model)}</b> on the same rows: " +
