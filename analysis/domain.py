@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from routescope.core_models.runtime import Trace, tracing
+from routescope.core_models.runtime import Ablation, Trace, tracing
 from routescope.core_models.sites import site_name
 
 from . import columns as C
@@ -205,9 +205,11 @@ def encode_probe(tokenizer: Any, probe_id: str, prompt: str, context: int) -> li
 
 
 @torch.inference_mode()
-def batch_routes(model: Any, batch: Sequence[Sequence[int]], *, majority: bool = False) -> np.ndarray:
+def batch_routes(model: Any, batch: Sequence[Sequence[int]], *, majority: bool = False,
+                 ablation: Ablation | None = None) -> np.ndarray:
     """(B, n_parallel_layers) 1-based routes (0 = undefined) of prompts run as one right-padded
-    batch with deterministic routing. Under causal attention no real token sees the padding, and
+    batch with deterministic routing, under `ablation` if given (a dropped path is never a route:
+    Gumbel routers do not pick it). Under causal attention no real token sees the padding, and
     padded positions are never read, so each row's routes are those of its prompt run alone (up to
     float rounding of the batched kernels)."""
     reader = require_table6(model)
@@ -215,41 +217,43 @@ def batch_routes(model: Any, batch: Sequence[Sequence[int]], *, majority: bool =
     T, pad = max(lengths), max(0, model.config.pad_id)
     x = torch.tensor([list(ids) + [pad] * (T - len(ids)) for ids in batch], device=model.device)  # (B, T)
     with tracing(reader.sites) as tr:
-        model(x)
+        model(x, ablation=ablation)
     return prompt_routes(reader.routes(tr), lengths, majority=majority)
 
 
 def stream_routes(model: Any, tokenizer: Any, probes: Iterable[Probe], *, majority: bool = False,
-                  batch_size: int = 32, chunk_size: int = 1024) -> Iterator[tuple[list[Probe], np.ndarray]]:
+                  batch_size: int = 32, chunk_size: int = 1024, ablation: Ablation | None = None
+                  ) -> Iterator[tuple[list[Probe], np.ndarray]]:
     """Route probes read lazily, `chunk_size` at a time: yields (probes of the chunk, their routes
     (n, n_parallel_layers), 0 = undefined) in input order. Within a chunk prompts run in batches
     of `batch_size` after sorting by token length, so batches carry little padding. Memory holds
-    one chunk."""
+    one chunk. `ablation`: as `batch_routes`."""
     chunk: list[Probe] = []
     for probe in probes:
         chunk.append(probe)
         if len(chunk) == chunk_size:
-            yield chunk, _chunk_routes(model, tokenizer, chunk, majority, batch_size)
+            yield chunk, _chunk_routes(model, tokenizer, chunk, majority, batch_size, ablation)
             chunk = []
     if chunk:
-        yield chunk, _chunk_routes(model, tokenizer, chunk, majority, batch_size)
+        yield chunk, _chunk_routes(model, tokenizer, chunk, majority, batch_size, ablation)
 
 
-def _chunk_routes(model, tokenizer, chunk: list[Probe], majority: bool, batch_size: int) -> np.ndarray:
+def _chunk_routes(model, tokenizer, chunk: list[Probe], majority: bool, batch_size: int,
+                  ablation: Ablation | None = None) -> np.ndarray:
     ids = [encode_probe(tokenizer, p.prompt_id, p.prompt, model.context) for p in chunk]
     order = sorted(range(len(ids)), key=lambda k: len(ids[k]))
     out = np.zeros((len(ids), len(require_table6(model).layers)), dtype=np.int64)
     for k in range(0, len(order), batch_size):
         rows = order[k:k + batch_size]
-        out[rows] = batch_routes(model, [ids[r] for r in rows], majority=majority)
+        out[rows] = batch_routes(model, [ids[r] for r in rows], majority=majority, ablation=ablation)
     return out
 
 
 def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: bool = False,
-                 batch_size: int = 32) -> pd.DataFrame:
-    """Route every probe (deterministic routing; batched as `stream_routes`) and return one row per
-    (probe, parallel layer): prompt_id, domain, expected_path, layer, route, correct. Prompts
-    longer than the context keep their last tokens."""
+                 batch_size: int = 32, ablation: Ablation | None = None) -> pd.DataFrame:
+    """Route every probe (deterministic routing, under `ablation` if given; batched as
+    `stream_routes`) and return one row per (probe, parallel layer): prompt_id, domain,
+    expected_path, layer, route, correct. Prompts longer than the context keep their last tokens."""
     reader = require_table6(model)
     rows = [Probe(0, pid, domain, int(expected), prompt, {}) for pid, domain, expected, prompt in
             zip(probes[C.PROMPT_ID], probes[C.DOMAIN], probes[C.EXPECTED_PATH], probes[C.PROMPT])]
@@ -257,8 +261,10 @@ def probe_routes(model: Any, tokenizer: Any, probes: pd.DataFrame, *, majority: 
         problem = expected_path_error(p.expected_path, model.config.n_paths)
         if problem:
             raise ValueError(f"probe {p.prompt_id}: {problem}")
+    if ablation is not None:
+        ablation.validate(model.routing_layers())  # a bad ablation names itself, not a probe
     routes = np.concatenate([r for _, r in stream_routes(model, tokenizer, rows, majority=majority,
-                                                         batch_size=batch_size)])  # (N, L)
+                                                         batch_size=batch_size, ablation=ablation)])  # (N, L)
     N, L = routes.shape
     df = pd.DataFrame({C.PROMPT_ID: np.repeat([p.prompt_id for p in rows], L),
                        C.DOMAIN: np.repeat([p.domain for p in rows], L),
@@ -311,9 +317,12 @@ def format_routes(routes: Sequence[Any]) -> str:
     return ">".join("?" if r is pd.NA or r is None else str(int(r)) for r in routes)
 
 
-def table6(routes: pd.DataFrame, probes: pd.DataFrame, paper: pd.DataFrame | None = None) -> pd.DataFrame:
+def table6(routes: pd.DataFrame, probes: pd.DataFrame, paper: pd.DataFrame | None = None,
+           ablation: Ablation | None = None) -> pd.DataFrame:
     """One row per probe: prompt_id, domain, expected_path, prompt, routes ("2>2>1", layers in
-    order) and, when given, the paper's routes beside them."""
+    order), when given the paper's routes beside them, and when given the ablation our routes were
+    taken under (column `ablation`, `Ablation.describe()`: "none" for an empty one; the paper's
+    routes are always unablated)."""
     def fmt(df: pd.DataFrame) -> dict[str, str]:
         key = df[C.LAYER].str.split(".").str[-1].astype(int)
         df = df.assign(_k=key).sort_values([C.PROMPT_ID, "_k"], kind="stable")
@@ -325,6 +334,8 @@ def table6(routes: pd.DataFrame, probes: pd.DataFrame, paper: pd.DataFrame | Non
     if paper is not None:
         theirs = fmt(paper)
         out[C.PAPER_ROUTES] = [theirs.get(p, "") for p in out[C.PROMPT_ID]]
+    if ablation is not None:
+        out[C.ABLATION] = ablation.describe()
     return out.reset_index(drop=True)
 
 

@@ -66,9 +66,9 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
     elif view == "Attribution":
         attribution.show(cur, model, tok, path, mtime)
     elif view == "Table 6":
-        table6.show(model, path, mtime)
+        table6.show(model, path, mtime, cur.ablation, ablation.describe(cur.ablation, model))
     else:
-        export.show(cur, tok, routing.drawn(cur, model), table6.default_report(model, path, mtime),
+        export.show(cur, tok, routing.drawn(cur, model), table6.default_report(model, path, mtime, cur.ablation),
                     resources.export_bytes(path, mtime, prompt, settings, cur.ablation))
 
 

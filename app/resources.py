@@ -101,9 +101,11 @@ def path_attribution(path: str, mtime: float, ids: tuple[int, ...], position: in
 
 
 @st.cache_resource(max_entries=32, show_spinner="Routing the probe prompts…")
-def table6_routes(path: str, mtime: float, probes_name: str, probes_tsv: bytes, majority: bool):
-    """(probes, our routes, the paper's routes or None) of a probe file's bytes. Every ValueError
-    starts with `probes_name` (the file name the user knows, not a stream or a server path)."""
+def table6_routes(path: str, mtime: float, probes_name: str, probes_tsv: bytes, majority: bool,
+                  ablation: Ablation = Ablation()):
+    """(probes, our routes under `ablation`, the paper's routes or None) of a probe file's bytes.
+    Every ValueError starts with `probes_name` (the file name the user knows, not a stream or a
+    server path)."""
     import io
 
     from routescope.analysis.domain import paper_routes, read_probes
@@ -111,8 +113,9 @@ def table6_routes(path: str, mtime: float, probes_name: str, probes_tsv: bytes, 
     source = io.BytesIO(probes_tsv)
     source.name = probes_name  # how read_probes names the file in its messages
     probes = read_probes(source)
-    try:
-        return probes, probe_routes(model, tok, probes, majority=majority), paper_routes(probes, model.config.combiner)
+    try:  # the ablation was checked by the run the view belongs to
+        return (probes, probe_routes(model, tok, probes, majority=majority, ablation=ablation),
+                paper_routes(probes, model.config.combiner))
     except ValueError as e:
         raise ValueError(f"{probes_name}: {e}") from None
 

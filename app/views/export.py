@@ -51,10 +51,10 @@ def show(run: Run, tokenizer, drawn: Any, table6: dict | None, table: dict[str, 
            "dl_generation_csv")
     if table6 is not None:
         report = table6["report"].assign(model=run.model_name)
-        _offer(cols[1], "Table 6 report (CSV)", frame_csv_bytes(report), f"{run.model_name}_table6.csv", "text/csv",
+        _offer(cols[1], "Table 6 report (CSV)", frame_csv_bytes(report), f"{stem}_table6.csv", "text/csv",
                "dl_table6_csv")
         _offer(cols[2], "Table 6 summary (CSV)", frame_csv_bytes(table6["summary"].assign(model=run.model_name)),
-               f"{run.model_name}_table6_summary.csv", "text/csv", "dl_table6_summary")
+               f"{stem}_table6_summary.csv", "text/csv", "dl_table6_summary")
     views = {name: v.frame for name, v in run.views.items()}
     if views:  # every view's own table, as the drawers read it
         st.markdown("**View tables** (CSV, one per routing view of this run)")

@@ -1,4 +1,8 @@
-"""Table 6 view: which path each probe prompt takes per parallel layer, beside the paper's routes."""
+"""Table 6 view: which path each probe prompt takes per parallel layer, beside the paper's routes.
+
+A routing experiment like the rest of the explorer: the probes run under the ablation switched on
+at the left (a dropped path is never a route), which the view's header names and every row of its
+CSV carries (column `ablation`); the paper's routes beside them are the paper's, unablated."""
 from __future__ import annotations
 
 import streamlit as st
@@ -6,6 +10,7 @@ import streamlit as st
 from routescope.analysis import columns as C
 from routescope.analysis.domain import DEFAULT_PROBES, require_table6, table6, table6_summary
 from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.runtime import Ablation
 
 from .. import resources
 from .. import state as K
@@ -25,13 +30,24 @@ def _applies(model: RouteScopeLM) -> bool:
         return False
 
 
-def _report(model: RouteScopeLM, path: str, mtime: float, name: str, data: bytes, majority: bool) -> dict:
-    """{"report": one row per probe, "summary": route shares and accuracy (ours, and the paper's)}."""
-    probes, routes, paper = resources.table6_routes(path, mtime, name, data, majority)
-    return {"report": table6(routes, probes, paper), "summary": table6_summary(model.config, ours=routes, paper=paper)}
+def _report(model: RouteScopeLM, path: str, mtime: float, name: str, data: bytes, majority: bool,
+            ablation: Ablation) -> dict:
+    """{"report": one row per probe, "summary": route shares and accuracy (ours under `ablation`, and
+    the paper's)}; both carry the ablation of our routes (column `ablation`)."""
+    probes, routes, paper = resources.table6_routes(path, mtime, name, data, majority, ablation)
+    summary = table6_summary(model.config, ours=routes, paper=paper)
+    summary[C.ABLATION] = [ablation.describe() if s == "ours" else "none (the paper's routes)"
+                           for s in summary[C.SOURCE]]
+    return {"report": table6(routes, probes, paper, ablation=ablation), "summary": summary}
 
 
-def default_report(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
+def heading(ablation: Ablation, described: str) -> str:
+    """What the view's header says about the ablation the probes ran under."""
+    return ("Table 6 routes, no ablation" if ablation.is_empty
+            else f"Table 6 routes under the ablation {described}")
+
+
+def default_report(model: RouteScopeLM, path: str, mtime: float, ablation: Ablation = Ablation()) -> dict | None:
     """The Table 6 report for the Export view: of the probes and mode the Table 6 view last showed
     for this checkpoint, else of the shipped probes at the last prompt token (computed here, so the
     Table 6 view need not be opened first; the routes are cached)."""
@@ -39,12 +55,14 @@ def default_report(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
         return None
     shown = st.session_state.get(K.TABLE6_SHOWN, {}).get((path, mtime))
     try:
-        return _report(model, path, mtime, *(shown or (*default_probes(), False)))
+        return _report(model, path, mtime, *(shown or (*default_probes(), False)), ablation)
     except ValueError:  # a bad uploaded file: the Table 6 view shows why; the export offers no report
         return None
 
 
-def show(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
+def show(model: RouteScopeLM, path: str, mtime: float, ablation: Ablation = Ablation(),
+         described: str = "") -> dict | None:
+    """`ablation`: the one switched on at the left (`described`: it in words, for the header)."""
     c = model.config
     if not _applies(model):
         st.info("Table 6 routes prompts through PaPaformer parallel paths; pick a PaPaformer checkpoint.")
@@ -54,8 +72,9 @@ def show(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
     name, data = (upload.name, upload.getvalue()) if upload is not None else default_probes()
     majority = st.checkbox("Majority route over all prompt tokens (default: the last prompt token)",
                            key=K.TABLE6_MAJORITY)
+    st.markdown(f"**{heading(ablation, described or ablation.describe())}**")
     try:
-        result = _report(model, path, mtime, name, data, majority)
+        result = _report(model, path, mtime, name, data, majority, ablation)
     except ValueError as e:  # the message starts with the file's name
         show_error(e, "Probe file ")
         return None
@@ -65,7 +84,10 @@ def show(model: RouteScopeLM, path: str, mtime: float) -> dict | None:
     st.caption(f"Probes: {name}{shipped}. Routes are numbered as the paper's Table 6 numbers them, from 1: "
                "route 1 = path 0 (stories), route 2 = path 1 (math)"
                + (f", route {c.n_paths + 1} = combined" if combined else "")
-               + "; one route per parallel layer.")
+               + "; one route per parallel layer. "
+               + ("The probes run under the ablation at the left (a dropped path is never a route); "
+                  "the paper's routes are unablated." if not ablation.is_empty else
+                  "Switch a path off at the left and the probes run without it."))
     st.dataframe(result["report"], key="table6_report", width="stretch")
     pivot = result["summary"].pivot_table(index=C.METRIC, columns=C.SOURCE, values=C.VALUE, sort=False)
     st.dataframe(pivot, key="table6_summary")
