@@ -9,14 +9,15 @@ st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 
 from routescope.app import resources  # noqa: E402  (set_page_config must come first)
 from routescope.app import state as K  # noqa: E402
-from routescope.app.views import ablation, attribution, diff, export, generation, routing, sidebar, table6  # noqa: E402
+from routescope.app.views import ablation, attribution, corpus, diff, export, generation, routing, sidebar, table6  # noqa: E402
 from routescope.analysis.prompts import prompt_problem  # noqa: E402
 from routescope.app.components.messages import show_error  # noqa: E402
 from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
 from routescope.core_models.runtime import Ablation  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
-VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Table 6", "Export"]
+VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Table 6", "Corpus", "Export"]
+DEFAULT_VIEW = "Routing"  # a new user sees the routing heatmap (and the text it routes) without a click
 
 
 def error_box(where: str, e: Exception) -> None:
@@ -46,17 +47,18 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
         st.caption(f"Ablation: {ablation.describe(ab, model)} · updated in {elapsed * 1000:.0f} ms "
                    f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
                    help="Runs are cached per checkpoint, prompt, settings and ablation.")
-        view = st.segmented_control("View", VIEWS, default=VIEWS[0], key=K.VIEW, label_visibility="collapsed")
+        view = st.segmented_control("View", VIEWS, default=DEFAULT_VIEW, key=K.VIEW, label_visibility="collapsed")
         try:
-            show_view(view or VIEWS[0], cur, model, tok, path, mtime, prompt, settings)
+            show_view(view or DEFAULT_VIEW, cur, model, tok, path, mtime, prompt, settings)
         except Exception as e:
-            error_box(view or VIEWS[0], e)
+            error_box(view or DEFAULT_VIEW, e)
 
 
 def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, settings) -> None:
     if view == "Generation":
         generation.show(cur, tok)
     elif view == "Routing":
+        generation.text(cur, tok)
         routing.show(cur, resources.routing_figures(path, mtime, prompt, settings, cur.ablation))
     elif view == "Ablation diff":
         base = resources.run(path, mtime, prompt, settings, Ablation())
@@ -65,6 +67,8 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
         diff.show(base, cur, eff, tok)
     elif view == "Attribution":
         attribution.show(cur, model, tok, path, mtime)
+    elif view == "Corpus":
+        corpus.show(model, tok, path, mtime)
     elif view == "Table 6":
         table6.show(model, path, mtime, cur.ablation, ablation.describe(cur.ablation, model))
     else:

@@ -51,5 +51,20 @@ def force_key(scope: str, layer: str) -> str:
     return f"{_ABLATION}{scope}::force::{layer}"
 
 
+def mode_key(scope: str, mode: str) -> str:
+    return f"{_ABLATION}{scope}::mode::{mode}"
+
+
 def is_ablation_key(key: str) -> bool:
     return key.startswith(_ABLATION)
+
+# Corpus view (app/views/corpus.py)
+CORPUS_SOURCE = "corpus_source"
+CORPUS_SHIPPED = "corpus_shipped"
+CORPUS_UPLOAD = "corpus_upload"
+CORPUS_PATH = "corpus_path"
+CORPUS_MAX_TOKENS = "corpus_max_tokens"
+CORPUS_INTENDED = "corpus_intended"
+CORPUS_COMPARE = "corpus_compare"
+CORPUS_TOP = "corpus_top"
+CORPUS_MIN_COUNT = "corpus_min_count"

@@ -10,12 +10,18 @@ from ..components.figures import candidates_figure, show_token
 from ..components.tokens import LEGEND, generation_html
 
 
-def show(run: Run, tokenizer) -> None:
+def text(run: Run, tokenizer) -> None:
+    """The prompt and its continuation, hoverable, with the run's notes (e.g. a truncated prompt);
+    the Routing view shows it above the heatmap."""
     for note in run.notes:
         st.warning(note)
     decode = lambda i: decode_tokens(tokenizer, [i])[0]  # noqa: E731
     st.markdown(generation_html(run.spans, run.n_prompt, run.generation.steps, decode), unsafe_allow_html=True)
     st.caption(LEGEND)
+
+
+def show(run: Run, tokenizer) -> None:
+    text(run, tokenizer)
     steps = run.generation.steps
     if not steps:
         st.info("No tokens generated (max new tokens is 0).")

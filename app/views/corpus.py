@@ -1,0 +1,177 @@
+"""Corpus view: how the checkpoint routes over a whole dataset (`analysis.corpus`), optionally
+beside a second checkpoint on the same rows. Layout only: the dataset is checked by
+`analysis.corpus_data`, the statistics run as a background job (`app.corpus_resources`) while this
+view shows a progress bar and the rest of the page stays usable, and the tables come back as views
+drawn by the drawer table, in a loop that never asks which family it is looking at."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from routescope.analysis import corpus as S
+from routescope.analysis import corpus_data as D
+from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
+from routescope.analysis.corpus_page import SECTIONS, frame_bytes
+from routescope.analysis.corpus_run import CorpusSettings, corpus_views, layout_of
+
+from .. import corpus_resources as CR
+from .. import resources
+from .. import state as K
+from ..components.corpus_report import draw_views, page
+from ..components.messages import show_error
+
+SHIPPED, UPLOAD, SERVER = "Shipped dataset", "Upload a file", "File on the server"
+NONE = "(none)"
+POLL_SECONDS = 0.5
+LIMITS = (f"Formats: .txt (one prompt per line), or .tsv / .csv / .jsonl / .parquet with a `text` (or `prompt`) "
+          f"column and label columns. Limits here: {D.APP_MAX_ROWS:,} rows and {D.APP_MAX_CHARS:,} characters "
+          "(`routescope corpus` streams files of any size).")
+
+
+def _dataset() -> D.CorpusData | None:
+    """The chosen dataset, checked; None (with the one line saying why) when there is none yet or
+    it is refused."""
+    source = st.radio("Dataset", [SHIPPED, UPLOAD, SERVER], horizontal=True, key=K.CORPUS_SOURCE)
+    try:
+        if source == SHIPPED:
+            return CR.shipped(st.selectbox("Shipped dataset", list(D.SHIPPED), key=K.CORPUS_SHIPPED))
+        if source == UPLOAD:
+            f = st.file_uploader("Dataset file", type=[s.lstrip(".") for s in D.SUFFIXES], key=K.CORPUS_UPLOAD)
+            if f is None:
+                st.info("Upload a dataset file to route it. " + LIMITS)
+                return None
+            return CR.uploaded(f.name, f.file_id, f.getvalue())
+        where = st.text_input("Path on the server", key=K.CORPUS_PATH, placeholder="/data/prompts.tsv").strip()
+        if not where:
+            st.info("Give the path of a dataset file on the server. " + LIMITS)
+            return None
+        return CR.server_file(where)
+    except ValueError as e:  # names the file and the row: one line, nothing else changes
+        show_error(e, "Dataset refused: ")
+        return None
+
+
+def _controls(model) -> tuple[CorpusSettings, str, int, int, str | None]:
+    """Settings, the intended-options text, top tokens, minimum count, and the checkpoint to compare with."""
+    cols = st.columns([1, 2, 2])
+    max_tokens = cols[0].number_input("Tokens per row", 1, model.context, model.context, key=K.CORPUS_MAX_TOKENS,
+                                      help="Each row's first tokens that are routed (at most the model's context).")
+    intended = cols[1].text_input("Intended options", key=K.CORPUS_INTENDED, placeholder="domain:story=0,math=1",
+                                  help="Label values and the 0-based option each should take, for accuracy; several "
+                                       "columns separated by ';'. expected_path (1-based) and expected_option "
+                                       "columns need none.")
+    others = [c for c in list_checkpoints(checkpoint_roots()) if c.problem is None]
+    names = {c.path: c.name for c in others}
+    compare = cols[2].selectbox("Compare with", [NONE, *names], key=K.CORPUS_COMPARE,
+                                format_func=lambda p: names.get(p, p))
+    with st.expander("Specialisation settings"):
+        c = st.columns(2)
+        top = c[0].number_input("Tokens per option", 1, 100, 10, key=K.CORPUS_TOP)
+        min_count = c[1].number_input("Minimum count of a token", 1, 1000, 5, key=K.CORPUS_MIN_COUNT)
+    return CorpusSettings(max_tokens=int(max_tokens)), intended, int(top), int(min_count), \
+        (None if compare == NONE else compare)
+
+
+@st.fragment(run_every=POLL_SECONDS)
+def _progress(jobs: list, names: list[str]) -> None:
+    """Progress of the running jobs, redrawn every POLL_SECONDS alone; the whole page reruns once
+    they are done (the rest of the page stays usable meanwhile)."""
+    if not any(j.running for j in jobs):
+        st.rerun()
+    for job, name in zip(jobs, names):
+        st.progress(min(1.0, job.done / max(1, job.total)),
+                    text=f"{name}: routing {job.done:,} of {job.total:,} rows" + (" (done)" if not job.running else "…"))
+
+
+def _show_pieces(pieces: dict[str, dict]) -> None:
+    for view, drawn in pieces.items():
+        base = view.removeprefix("compare_")
+        heading, text = SECTIONS.get(base, (base.replace("_", " ").capitalize(), ""))
+        if view.startswith("compare_"):
+            heading, text = f"Compared: {heading.lower()}", "Both checkpoints side by side (_a, _b) and b - a."
+        st.subheader(heading, anchor=f"corpus-{view}")
+        st.caption(text)
+        for name, piece in drawn.items():
+            if isinstance(piece, pd.DataFrame):
+                st.dataframe(piece, key=f"corpus_table_{name}", width="stretch", hide_index=True)
+            else:
+                st.plotly_chart(piece, key=f"corpus_fig_{name}", width="stretch")
+
+
+def _downloads(result, tables: dict, compared: dict | None, other, why: str | None, labels) -> None:
+    stem = f"{result.model}_{Path(result.dataset).stem}".replace(" ", "_")
+    everything = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}
+    with st.expander("Download the tables (CSV, Parquet) and the whole view (HTML, works offline)"):
+        st.download_button("corpus.html (this view as one page)",
+                           lambda: page(result, tables, labels, other=other, compared=compared, why_not=why),
+                           f"{stem}_corpus.html", "text/html", key="dl_corpus_html", on_click="ignore")
+        cols = st.columns(4)
+        for i, (name, df) in enumerate(everything.items()):
+            for j, fmt in enumerate(("csv", "parquet")):
+                cols[(2 * i + j) % 4].download_button(  # bytes now (small tables): the page's one deferred file is HTML
+                    f"{name}.{fmt}", frame_bytes(df, fmt), f"{stem}_{name}.{fmt}",
+                    "text/csv" if fmt == "csv" else "application/octet-stream", key=f"dl_corpus_{name}_{fmt}",
+                    on_click="ignore")
+
+
+def show(model, tok, path: str, mtime: float) -> None:
+    st.caption("How this checkpoint routes over a dataset: utilisation with dead and overloaded options, routes by "
+               "label, accuracy against intended options, token specialisation and co-routing across layers. "
+               + LIMITS)
+    data = _dataset()
+    if data is None:
+        return
+    st.caption(data.describe())
+    for note in data.notes:
+        st.caption(note)
+    settings, intended_text, top, min_count, other_path = _controls(model)
+    try:
+        intended = S.parse_intended([s for s in intended_text.split(";") if s.strip()])
+    except ValueError as e:
+        show_error(e)
+        intended = {}
+    jobs, names = [CR.job(path, mtime, data, settings)], [Path(path).name]
+    keys = [CR.job_key(path, mtime, data, settings)]
+    why = None
+    if other_path is not None:
+        other_mtime = resources.stamp(other_path)
+        other_model, _ = resources.load(other_path, other_mtime)
+        why = S.comparable(layout_of(model, data.label_columns), layout_of(other_model, data.label_columns),
+                           (names[0], Path(other_path).name))
+        if why is None:
+            jobs.append(CR.job(other_path, other_mtime, data, settings))
+            names.append(Path(other_path).name)
+            keys.append(CR.job_key(other_path, other_mtime, data, settings))
+        else:
+            st.warning(f"Not compared with {Path(other_path).name}: {why}.")
+    if any(j.running for j in jobs):
+        _progress(jobs, names)
+        return
+    failed = [(n, j.error) for n, j in zip(names, jobs) if j.error]
+    if failed:
+        for n, err in failed:
+            st.error(f"{n}: {err}")
+        return
+    result = CR.result(keys[0])
+    try:
+        if result.layout.routes:
+            S.check_intended(intended, result.layout)
+    except ValueError as e:
+        show_error(e)
+        intended = {}
+    frozen = CR.frozen(intended)
+    tables = CR.tables(keys[0], top, min_count, frozen)
+    compared = CR.compared(keys[0], keys[1], top, min_count, frozen) if len(keys) == 2 else None
+    other = CR.result(keys[1]) if len(keys) == 2 else None
+    st.caption(f"{result.stats.n_rows:,} rows, {result.stats.n_tokens:,} tokens routed in "
+               + " and ".join(f"{j.seconds:.2f} s ({n})" for n, j in zip(names, jobs))
+               + "; cached per checkpoint, dataset and settings.")
+    if not result.layout.routes:
+        st.info(result.description)
+    for note in result.notes:
+        st.caption(note)
+    labels = model.option_labels()
+    _downloads(result, tables, compared, other, why, labels)
+    _show_pieces(draw_views(corpus_views(tables, compared, tuple(names) if other else (names[0], "")), labels))
