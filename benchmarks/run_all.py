@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks import common as C
 
-BENCHMARKS = ("trace", "floor", "peers", "generate", "ablation", "export", "scale", "memory", "routes")
+BENCHMARKS = ("trace", "floor", "peers", "generate", "ablation", "export", "scale", "memory", "routes", "hf")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 

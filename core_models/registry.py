@@ -59,10 +59,10 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     # standard MoE models trained with transformers' own classes, at moep's active parameters per token
     # (d = 128, 4 layers, 4 heads, context 256, tied embeddings): a Mixtral-style model (4 experts, top-2)
     # and an OLMoE-style one (fine-grained: 16 small experts, top-4, QK-norm, no top-k renormalisation)
-    "mixtral-tiny": ("hf", dict(model_type="mixtral", context=256, hf_config=_hf(
+    "mixtral-tiny": ("hf", dict(model_type="mixtral", vocab_size=4096, context=256, hf_config=_hf(
         "mixtral", hidden_size=128, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02))),
-    "olmoe-tiny": ("hf", dict(model_type="olmoe", context=256, hf_config=_hf(
+    "olmoe-tiny": ("hf", dict(model_type="olmoe", vocab_size=4096, context=256, hf_config=_hf(
         "olmoe", hidden_size=128, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=4, num_experts=16, num_experts_per_tok=4, norm_topk_prob=False,
         router_aux_loss_coef=0.01))),

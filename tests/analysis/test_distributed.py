@@ -256,3 +256,25 @@ def test_the_command_starts_a_local_cluster_and_stops_every_process_it_started(c
     assert f"for {N} prompts in 3 partition(s) to {out}" in err
     assert_rows_equal(D.read_dataset(str(out)), read_parquet(single))
     assert wait_gone(TOKEN, token) == []
+
+
+def test_a_hugging_face_moe_model_exports_on_ray_as_in_one_process(cluster, tokenizer, prompt_file, tmp_path):
+    """A transformers Mixtral directory (sharded safetensors and all) travels to the workers and
+    exports the same rows as the single-process command; its family column is the model_type."""
+    from hf_models import hf_model
+    from routescope.cli.main import main
+
+    model = hf_model("mixtral", tokenizer.get_vocab_size())
+    ck = tmp_path / "tiny-mixtral"
+    model.save_pretrained(ck, max_shard_size="40KB")  # several shards and an index, as big models come
+    tokenizer.save(str(ck / "tokenizer.json"))
+    assert len(list(ck.glob("*.safetensors"))) > 1 and (ck / "model.safetensors.index.json").is_file()
+    single_out = tmp_path / "single.parquet"
+    assert main(["export", str(ck), "--prompts", str(prompt_file), "--out", str(single_out), "--batch-size", "2",
+                 "--quiet", "--device", "cpu"]) == 0
+    out = tmp_path / "ds"
+    s = D.export_ray(ck, D.PromptSource(path=str(prompt_file)), str(out), JOB, workers=2, partition_size=6,
+                     device="cpu", progress=False)
+    want = read_parquet(single_out)
+    assert s.prompts == N and set(want[C.FAMILY]) == {"mixtral"}
+    assert_rows_equal(D.read_dataset(str(out)), want)
