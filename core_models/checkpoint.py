@@ -144,6 +144,16 @@ def read_model_config(path: str | os.PathLike) -> BaseConfig:
         raise CheckpointError(f"{Path(path) / CONFIG}: {e}") from None
 
 
+def checkpoint_config(path: str | os.PathLike) -> BaseConfig:
+    """The config of any checkpoint directory: ours (config.json with a family) or a transformers
+    model's (config.json with a model_type: an `hf.HFConfig`)."""
+    raw = read_config(path)
+    if is_hf_config(raw):
+        from .hf import HFConfig
+        return HFConfig.from_hf_dict(raw)
+    return read_model_config(path)
+
+
 def read_header(weights: str | os.PathLike) -> Header:
     """Every tensor's name, shape and dtype from the safetensors header; no tensor data is read."""
     try:

@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from routescope.core_models.registry import build_model, config_from_dict
+from routescope.core_models.checkpoint import checkpoint_config
+from routescope.core_models.registry import build_model
 
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 ORDER = ["llama-dense", "pagmlp", "path-story", "path-math", "papaformer-share-linear", "papaformer-gumbel-v1",
@@ -24,10 +25,10 @@ def main(root: Path = ROOT) -> int:
                    key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
     for name in names:
         s = json.loads((root / name / "training.json").read_text())
-        config = json.loads((root / name / "config.json").read_text())
-        family = config["family"]
+        config = checkpoint_config(root / name)
+        family = config.label
         init = s["train"].get("init_from")
-        parallel = bool(build_model(config_from_dict(config), device="meta").routing_layers())  # not the dense ones
+        parallel = bool(build_model(config, device="meta").routing_layers())  # not the dense ones
         if parallel and base:
             gaps = [s["val_loss"][d] / base[d] - 1 for d in ("story", "math")]
             vs = " / ".join(f"{g:+.1%}" for g in gaps) + (" ✓" if max(gaps) <= GOAL else " ✗")
