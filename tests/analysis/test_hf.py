@@ -343,3 +343,41 @@ def test_the_app_draws_routes_and_the_ablation_diff_of_an_hf_model(saved, monkey
     at.checkbox(key=K.drop_global_key(str(path), 1)).check().run()
     at.segmented_control(key=K.VIEW).set_value("Ablation diff").run()
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+
+
+def test_one_instrumented_model_serves_concurrent_calls_with_their_own_ablations(saved):
+    """Hooks keep nothing per call on a module: two threads calling one model at once, one with an
+    expert dropped and tracing, one plain, each get exactly what they get alone."""
+    import threading
+
+    _, path = saved("deepseek_v3")
+    model, _ = load_checkpoint(path)
+    layer = list(model.routing_layers())[0]
+    ab = Ablation(drop=((layer, 0),))
+    x = torch.tensor(IDS)
+    with torch.no_grad():
+        alone_plain = model(x).logits
+        with tracing([f"{layer}.indices"]) as tr:
+            alone_ablated = model(x, ablation=ab).logits
+    got, errors = {"plain": [], "ablated": []}, []
+
+    def work(kind: str) -> None:
+        try:
+            for _ in range(15):
+                with torch.no_grad():
+                    if kind == "plain":
+                        got[kind].append(torch.equal(model(x).logits, alone_plain))
+                    else:
+                        with tracing([f"{layer}.indices"]) as t:
+                            same = torch.equal(model(x, ablation=ab).logits, alone_ablated)
+                        got[kind].append(same and torch.equal(t[f"{layer}.indices"], tr[f"{layer}.indices"]))
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in ("plain", "ablated", "plain", "ablated")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and all(got["plain"]) and all(got["ablated"]) and len(got["plain"]) == 30
+    assert not (tr[f"{layer}.indices"] == 0).any()
