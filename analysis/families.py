@@ -1,5 +1,8 @@
 """What analysis knows per family, in one table: `FAMILIES[config.family]` gives the routing views
-the app draws and the rows a traced call adds to the export table.
+of a traced run (name -> `View`: a tidy frame and the drawer that draws it; the app's Routing and
+Export views loop over them), the rows a traced call adds to the export table, the family's
+per-token routes (`route_reader`: the report, Table 6, corpus statistics) and the run options the
+app offers as controls. Code elsewhere asks this table, never compares family names.
 
 Everything else about a family comes from its model: routing layers, their option labels and
 whether forcing means anything (`core_models.sites.RoutingLayer`), its label (`config.label`), its
@@ -13,6 +16,8 @@ Export rows per family (what `value` means for each `kind`: `columns.KINDS`):
   layer's cosine is undefined and the layer is skipped (noted in `df.attrs["notes"]`).
 - MoEP: "prob" per option of moe_shrink, parallel.{i}, moe_grow (selected = in the top-k), and
   "weight" per selected option.
+- Hugging Face MoE (family "hf", label = model_type): as MoEP for every router
+  (`model.layers.i.mlp.gate`), "prob" only where the router computes probabilities (not gpt-oss).
 - ParallelGPT: "weight" per path (per call), "contribution" per token and path.
 - Wiola: "gate_mean" per token and DSFF layer, "beta" per GCLA block (per call), and with ATM on
   "adjacent_cos" and "merge" per token and ATM layer.
