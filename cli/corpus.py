@@ -35,7 +35,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--shipped", metavar="NAME", help="a shipped dataset: table6, heldout, validation, "
                                                         "validation-story, validation-math")
     c.add_argument("--compare", metavar="CHECKPOINT", help="a second checkpoint, run on the same rows")
-    c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and corpus.html")
+    c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and corpus.html (made if "
+                                                                "missing); an existing file of the same name is "
+                                                                "replaced (the command says how many)")
     c.add_argument("--text-column", metavar="NAME", help="the text column (default: text, else prompt)")
     c.add_argument("--labels", metavar="COL,COL", help="label columns (default: every other column with at most "
                                                         "50 distinct values)")
@@ -102,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                                         progress=lambda n, b=bar: b.update(n - b.n), decode=lambda i, t=text: t([i])[0]))
     tables = [r.tables(top=args.top, min_count=args.min_count, intended=intended) for r in results]
     compared = S.compare_tables(*tables) if len(tables) == 2 else None
+    replaced = sum((out / f"{n}.{f}").exists() for n in [*tables[0], *(f"compare_{k}" for k in compared or {})]
+                   for f in formats) + sum((out / n).exists() for n in ("corpus.html", "corpus.json"))
     written = P.write_tables({**tables[0], **{f"compare_{k}": v for k, v in (compared or {}).items()}}, out, formats)
     from routescope.app.components.corpus_report import page  # the drawer table (plotly only, no Streamlit)
 
@@ -112,5 +116,6 @@ def run(args: argparse.Namespace) -> int:
            "tables": sorted({p.stem for p in written}), "formats": formats, "notes": list(results[0].notes)}
     P.write_file(out / "corpus.json", json.dumps(doc, indent=1, ensure_ascii=False).encode("utf-8"))
     sys.stderr.write(f"wrote {len(written) + 2} files to {out} ({data.n_rows:,} rows, "
-                     f"{results[0].stats.n_tokens:,} tokens{', 2 checkpoints' if len(results) == 2 else ''})\n")
+                     f"{results[0].stats.n_tokens:,} tokens{', 2 checkpoints' if len(results) == 2 else ''}"
+                     f"{f'; replaced {replaced} existing files' if replaced else ''})\n")
     return 0

@@ -1,7 +1,8 @@
-"""`routescope report`: one self-contained HTML routing report of a checkpoint with per-token routes,
-PaPaformer or MoEP (analysis.report: route shares by domain, Table 6 and held-out accuracy for
-PaPaformer, route-selective tokens, the effect of dropping each option on each domain's validation
-loss)."""
+"""`routescope report`: one self-contained HTML routing report of any checkpoint: the corpus view's
+page over each domain's validation split (analysis.report: utilisation, routes by domain, token
+specialisation, co-routing, or per-call values for a family without per-token routes), Table 6 and
+held-out accuracy where the probes apply, the effect of dropping each option on each domain's
+validation loss)."""
 from __future__ import annotations
 
 import argparse
@@ -14,20 +15,22 @@ from .common import load_with_tokenizer
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("report", help="HTML routing report of a PaPaformer or MoEP checkpoint (plotly, offline)",
-                       description="Write one self-contained HTML page: route shares by domain, routing accuracy "
-                                   "on the Table 6 and held-out probes (PaPaformer), route-selective tokens, and "
-                                   "each domain's validation loss with each path, block or expert dropped.")
+    r = sub.add_parser("report", help="HTML routing report of a checkpoint (the corpus view's page, offline)",
+                       description="Write one self-contained HTML page: the corpus view over each domain's "
+                                   "validation split (utilisation, routes by domain, token specialisation, "
+                                   "co-routing), routing accuracy on the Table 6 and held-out probes (PaPaformer), "
+                                   "and each domain's validation loss with each path, block or expert dropped.")
     r.add_argument("checkpoint")
     r.add_argument("--out", required=True, metavar="FILE.html",
                    help="the page to write; an existing file is replaced (the command says so), only once "
                         "the page is complete")
     r.add_argument("--docs", type=O.positive_int, default=100,
                    help="validation documents per domain (default 100: the trainer's validation text)")
-    r.add_argument("--seq-len", type=O.positive_int, default=256, help="tokens per validation row (default 256)")
-    r.add_argument("--top", type=O.positive_int, default=10, help="route-selective tokens per layer")
+    r.add_argument("--seq-len", type=O.positive_int, default=256,
+                   help="tokens per validation document and row (default 256)")
+    r.add_argument("--top", type=O.positive_int, default=10, help="specialised tokens per layer and option")
     r.add_argument("--min-count", type=O.positive_int, default=5,
-                   help="occurrences a token needs to be ranked as route-selective")
+                   help="occurrences a token needs to be ranked as specialised")
     r.set_defaults(func=run)
 
 
@@ -71,13 +74,13 @@ def write_atomically(path: Path, text: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routescope.analysis.report import collect, render_html, route_reader
+    from routescope.analysis.report import collect
+    from routescope.app.components.corpus_report import report_page  # the drawer table (plotly, no Streamlit)
 
     out = check_html_output(args.out)
     model, tok = load_with_tokenizer(args.checkpoint)
-    route_reader(model)  # a family without per-token routes is refused before any work
     data = collect(model, tok, name=Path(args.checkpoint).resolve().name, n_docs=args.docs, seq_len=args.seq_len,
                    min_count=args.min_count, top=args.top)
-    replaced = write_atomically(out, render_html(data))
+    replaced = write_atomically(out, report_page(data))
     sys.stderr.write(f"wrote {out}{' (replaced the existing file)' if replaced else ''}\n")
     return 0

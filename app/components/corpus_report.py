@@ -22,9 +22,11 @@ def draw_views(views: RunViews, labels: Mapping[str, list[str]]) -> dict[str, di
 
 def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mapping[str, list[str]], *,
          other: CorpusResult | None = None, compared: Mapping[str, pd.DataFrame] | None = None,
-         why_not: str | None = None, extra: Sequence[tuple[str, str, str]] = (), title: str | None = None) -> str:
+         why_not: str | None = None, extra: Sequence[tuple[str, str, str]] = (), title: str | None = None,
+         all_tables: Mapping[str, pd.DataFrame] | None = None) -> str:
     """The page of one model's statistics over a dataset, with the comparison to `other` (its
-    tables `compared`, or `why_not` when the two cannot be compared) and `extra` sections."""
+    tables `compared`, or `why_not` when the two cannot be compared) and `extra` sections (id,
+    heading, HTML); `all_tables`: what the page embeds as JSON (default: every table it shows)."""
     names = (result.model, other.model if other is not None else "")
     views = corpus_views(tables, compared, names)
     esc = html.escape
@@ -36,8 +38,18 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
                   (esc(f"not comparable: {why_not}") if why_not else "its tables are below, beside this model's "
                    "(columns _a: " + esc(result.model) + ", _b: " + esc(other.model) + ")") + "</p>")
     meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
-    all_tables = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}
+    if all_tables is None:
+        all_tables = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}
     return render_page(title=title or f"RouteScope corpus routing: {result.model} on {result.dataset}", intro=intro,
                        pieces=draw_views(views, labels), tables=all_tables, notes=list(result.notes), extra=extra,
                        meta=meta)
 
+
+
+def report_page(data: Any) -> str:
+    """The page of `routescope report` (`analysis.report.ReportData`): the corpus view over the
+    validation split, then the report's own sections (probe accuracy, dropped options)."""
+    from routescope.analysis.report import extra_sections, report_tables
+
+    return page(data.corpus, data.tables, data.labels, extra=extra_sections(data),
+                title=f"RouteScope routing report: {data.name}", all_tables=report_tables(data))
