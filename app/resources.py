@@ -129,16 +129,39 @@ class UploadRejected(ValueError):
         self.problems = problems or []
 
 
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")  # torch.save & co.: unpickling runs code
+
+
+def upload_problems(files) -> list[str]:
+    """What keeps the picked files from being one checkpoint, most fundamental first, each naming its
+    files: pickle-based weights (refused unopened), a name picked twice (the picker keeps adding
+    files: which of the two was meant is not ours to guess), unknown files, missing ones."""
+    names = [f.name for f in files]
+    problems = []
+    pickles = [n for n in names if Path(n).suffix.lower() in PICKLE_SUFFIXES]
+    if pickles:
+        problems.append(f"{', '.join(pickles)}: pickle-based weights are refused (loading a pickle can run code): "
+                        f"convert with safetensors, safetensors.torch.save_file(state_dict, '{WEIGHTS}')")
+    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+    if twice:
+        problems.append(f"{', '.join(twice)} picked more than once: remove the extra one(s) from the list (x) so "
+                        f"each file is there once")
+    unknown = [n for n in dict.fromkeys(names) if n not in UPLOAD_FILES and n not in pickles]
+    if unknown:
+        problems.append(f"unexpected file(s) {', '.join(unknown)}: a checkpoint is {', '.join(UPLOAD_FILES)}")
+    missing = [n for n in (CONFIG, WEIGHTS) if n not in names]
+    if missing and not pickles:
+        problems.append(f"upload {', '.join(missing)} too (a checkpoint is {', '.join(UPLOAD_FILES)})")
+    return problems
+
+
 def save_upload(files) -> str:
     """Write uploaded checkpoint files to a fresh directory and validate it by loading it.
-    Raises ValueError naming the problem and the uploaded file; nothing half-written is kept."""
-    by_name = {f.name: f for f in files}
-    missing = [n for n in (CONFIG, WEIGHTS) if n not in by_name]
-    if missing:
-        raise ValueError(f"upload {', '.join(missing)} too (a checkpoint is {', '.join(UPLOAD_FILES)})")
-    unknown = sorted(set(by_name) - set(UPLOAD_FILES))
-    if unknown:
-        raise ValueError(f"unexpected file(s) {', '.join(unknown)}: a checkpoint is {', '.join(UPLOAD_FILES)}")
+    Raises ValueError naming the problem and the uploaded file (`upload_problems` first); nothing
+    half-written is kept."""
+    problems = upload_problems(files)
+    if problems:
+        raise ValueError("; ".join(problems))
     for f in files:
         if f.size > MAX_UPLOAD_BYTES:
             raise ValueError(f"{f.name} is {f.size / 2**20:.0f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB")

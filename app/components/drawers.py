@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from routescope.analysis import columns as C
 from routescope.analysis.families import View
+from routescope.analysis.routing import option_names
 
 from . import corpus_figures as CF
 from . import figures as F
@@ -59,10 +60,19 @@ def _topk_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
 
 
 def _utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    """Bars per layer (model depth order, left to right), one per option in the heatmap's colour and
+    with the heatmap's legend names ("expert 0 / block 0")."""
     u = view.frame
-    u = u.assign(**{C.LABEL: [ctx.labels[l][o] for l, o in zip(u[C.LAYER], u[C.OPTION])]})
-    return {name: F.grouped_bars(u, C.LAYER, C.SHARE, C.OPTION,  # colour = option, as everywhere
-                                 "Utilisation: share of tokens selecting each option", hover=C.LABEL)}
+    layers = [l for l in ctx.labels if u[C.LAYER].eq(l).any()]  # depth order: the model's routing layers
+    layers += [l for l in dict.fromkeys(u[C.LAYER]) if l not in layers]
+    names = option_names(dict(ctx.labels), [l for l in layers if l in ctx.labels])
+    u = u.assign(**{C.LABEL: [ctx.labels[l][o] for l, o in zip(u[C.LAYER], u[C.OPTION])],
+                    "option_name": [names[o] for o in u[C.OPTION]]}).sort_values(C.OPTION, kind="stable")
+    colors = {names[o]: F.PALETTE[o % len(F.PALETTE)] for o in u[C.OPTION].unique()}  # colour = option, as everywhere
+    fig = F.grouped_bars(u, C.LAYER, C.SHARE, "option_name", "Utilisation: share of tokens selecting each option",
+                         y_title="share of tokens", hover=C.LABEL, colors=colors, x_title="routing layer")
+    fig.update_xaxes(categoryarray=layers)
+    return {name: fig}
 
 
 def _coselection(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
@@ -95,7 +105,7 @@ def _gcla_beta(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
 
 
 def _atm_merges(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: F.atm_figure(view.frame, ctx.tokens, view.params["tau"])}
+    return {name: F.atm_figure(view.frame, ctx.tokens, view.params["tau"], ctx.n_prompt)}
 
 
 def _pagmlp_pathways(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
@@ -212,6 +222,7 @@ def run_figures(pieces: Mapping[str, Piece], *, stacked: bool, stacked_name: str
     else:
         figs.update({n: F.choice_heatmap(g, tokens, n_prompt) for n, g in grids.items()})
     figs.update({n: p for n, p in pieces.items() if isinstance(p, go.Figure)})
+    F.align_token_charts(figs.values())
     for fig in figs.values():
         fig.update_layout(meta=dict(meta))
     return figs

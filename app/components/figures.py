@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,8 @@ from routescope.analysis.routing import option_names
 # one colour per option index (option 0 blue, option 1 orange, ...), used for nothing else
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
 NEUTRAL, HIGHLIGHT = "#9DB5CF", "#1F2D3D"  # bars that are not options: plain, and the one picked out
+# every continuous heatmap (weights, shares, gates, cosines): blue = high, red = low, white between
+HIGH_IS_BLUE = "RdBu"
 DIVIDER_LEGEND = "Dotted vertical line: the prompt ends there; tokens to its right were generated."
 
 
@@ -26,56 +28,126 @@ def show_token(tok: str) -> str:
     return out if out.strip() else out.replace(" ", "␣") or "∅"
 
 
-MAX_TOKEN_LABELS = 32  # per axis; every token stays on hover
+# The token axis of every per-token chart. Each token of the window has its own tick (font TICK_FONT,
+# turned upright), cut to LABEL_CHARS characters; hover shows every token whole. The window is
+# TOKEN_WINDOW tokens wide: at 1600 px a chart's plot area is about 650-750 px, so each tick gets
+# 16-19 px, enough for an upright 12 px label. A longer run opens on its last TOKEN_WINDOW tokens
+# (the continuation and the end of the prompt) and the axis pans (drag) and zooms (double-click:
+# back, then all of it). Only the ticks inside the shown range are drawn, so a long run costs no
+# more labels than a short one (each label is a text node the browser lays out on every redraw).
+TOKEN_WINDOW = 40
+LABEL_CHARS = 12
+TICK_FONT = dict(size=12, color=HIGHLIGHT)
+ROW_PX = 34  # one heatmap row
+MARGIN_R = 150  # room for the colour bar, the same on every token chart so their columns line up
+MARGIN_T = 60  # the title, and above the plot the prompt | generated label
+DIVIDER = "prompt | generated"  # the name of the line where the prompt ends
+DIVIDER_TEXT = "← prompt · generated →"
+
+
+def token_label(tok: str) -> str:
+    """A token as its tick shows it: `show_token`, cut to LABEL_CHARS characters ("…" at the end)."""
+    t = show_token(tok)
+    return t if len(t) <= LABEL_CHARS else t[:LABEL_CHARS - 1] + "…"
 
 
 def token_ticks(tokens: list[str]) -> tuple[list[int], list[str]]:
-    """Positions and texts of the token labels on an axis: all of them up to MAX_TOKEN_LABELS, else
-    every k-th. Each label is a text node the browser lays out on every redraw: 88 of them cost
-    about 100 ms per heatmap in Chromium here, 30 about 35 ms (measured with plotly.js alone)."""
-    step = -(-len(tokens) // MAX_TOKEN_LABELS) if tokens else 1
-    vals = list(range(0, len(tokens), step))
-    return vals, [show_token(tokens[i]) for i in vals]
+    """Positions and texts of the token ticks: one per token (the axis shows TOKEN_WINDOW at once)."""
+    return list(range(len(tokens))), [token_label(t) for t in tokens]
+
+
+def token_window(n: int) -> list[float]:
+    """The x range a chart of n tokens opens on: all of them up to TOKEN_WINDOW, else the last
+    TOKEN_WINDOW."""
+    return [max(0, n - TOKEN_WINDOW) - 0.5, n - 0.5]
 
 
 def _axis(fig: go.Figure, tokens: list[str], n_prompt: int | None, rows: int = 1) -> None:
-    """Token labels on the x axis (the bottom one of stacked rows), and the prompt | generated line
-    in every row."""
+    """The token axis (ticks, window, panning; the bottom one of stacked rows), and the prompt |
+    generated line in every row with its label once above the top row."""
     vals, ticks = token_ticks(tokens)
-    fig.update_xaxes(tickmode="array", tickvals=vals, ticktext=ticks, tickangle=-60, tickfont=dict(size=10))
+    fig.update_xaxes(tickmode="array", tickvals=vals, ticktext=ticks, tickangle=-90, tickfont=TICK_FONT,
+                     range=token_window(len(tokens)), showgrid=False)
+    fig.update_xaxes(ticks="")
+    fig.update_yaxes(fixedrange=True, tickfont=dict(size=12, color=HIGHLIGHT))  # a drag pans along the tokens only
+    fig.update_layout(dragmode="pan")
     if n_prompt is not None and 0 < n_prompt < len(tokens):  # prompt | generated boundary
-        line = dict(x=n_prompt - 0.5, line=dict(color="#444", dash="dot", width=1), name="prompt | generated")
-        if rows == 1:
-            fig.add_vline(**line, annotation=dict(text="generated →", font=dict(size=10, color="#444")),
-                          annotation_position="top right")
-        else:  # unlabelled: a label would cross the row titles; the app's caption (DIVIDER_LEGEND) says it
-            fig.add_vline(**line, row="all", col=1)
+        fig.add_vline(x=n_prompt - 0.5, line=dict(color="#444", dash="dot", width=1), name=DIVIDER,
+                      **({"row": "all", "col": 1} if rows > 1 else {}))
+        # above the plot (over no cell), and above the top row's title when rows are stacked
+        fig.add_annotation(x=n_prompt - 0.5, xref="x", y=1, yref="paper", yanchor="bottom",
+                           yshift=24 if rows > 1 else 2, text=DIVIDER_TEXT, showarrow=False,
+                           font=dict(size=11, color="#444"), name=DIVIDER)
 
 
 def has_divider(fig: go.Figure) -> bool:
     """Whether the figure marks where the prompt ends (DIVIDER_LEGEND explains the line)."""
-    return any(getattr(shape, "name", None) == "prompt | generated" for shape in fig.layout.shapes)
+    return any(getattr(shape, "name", None) == DIVIDER for shape in fig.layout.shapes)
+
+
+def is_token_chart(fig: go.Figure) -> bool:
+    """Whether the figure is drawn over the token axis (`_axis`)."""
+    return fig.layout.xaxis.tickangle == -90 and fig.layout.xaxis.ticktext is not None
+
+
+def _bottom_margin(fig: go.Figure) -> int:
+    """Room for the upright token ticks: about 7 px a character at TICK_FONT's 12 px."""
+    ticks = [t for a in fig.select_xaxes() for t in (a.ticktext or ())]
+    return 16 + 7 * max(map(len, ticks), default=0)
 
 
 def _fixed_margins(fig: go.Figure, rows: list[str]) -> None:
     """Margins sized from the labels instead of plotly's automargin, which lays a heatmap out again
     (about half of its drawing time in Chromium): layer names on the left at about 7 px a character,
-    token labels below, turned 60 degrees, at about 5.5 px of height a character."""
-    ticks = [t for a in fig.select_xaxes() for t in (a.ticktext or ())]
+    upright token ticks below, the colour bar in a right margin of MARGIN_R (its own, fixed: a
+    colour bar pushing the margin would give every chart another plot width). `align_token_charts`
+    gives every chart of a run the widest left margin, so their token columns line up."""
     fig.update_xaxes(automargin=False)
     fig.update_yaxes(automargin=False)
-    fig.update_layout(margin=dict(l=16 + 7 * max(map(len, rows), default=0),
-                                  b=14 + round(5.5 * max(map(len, ticks), default=0))))
+    fig.update_layout(margin=dict(l=16 + 7 * max(map(len, rows), default=0), r=MARGIN_R, t=MARGIN_T,
+                                  b=_bottom_margin(fig), autoexpand=False))
+    fig.update_traces(colorbar=dict(thickness=14, x=1.0, xanchor="left", xpad=8), selector=dict(type="heatmap"))
+
+
+def align_token_charts(figs) -> None:
+    """Give every token chart of `figs` the same left and right margins, so token t sits at the same
+    x in each (the plot areas are the same width in the same page width)."""
+    charts = [f for f in figs if is_token_chart(f)]
+    left = max((f.layout.margin.l or 0 for f in charts), default=0)
+    for f in charts:
+        f.update_layout(margin=dict(l=left, r=MARGIN_R))
 
 
 def _height(n_rows: int) -> int:
-    return max(220, 70 + 34 * n_rows)
+    """The plot area of n heatmap rows (margins come on top)."""
+    return max(110, ROW_PX * n_rows + 20)
 
 
 def _layout(fig: go.Figure, title: str, n_rows: int) -> go.Figure:
-    fig.update_layout(title=title, height=_height(n_rows), margin=dict(l=10, r=10, t=40, b=10),
-                      plot_bgcolor="white")
+    fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10)),
+                      height=_height(n_rows), plot_bgcolor="white")
     return fig
+
+
+def _total_height(fig: go.Figure, plot_px: int) -> None:
+    m = fig.layout.margin
+    fig.update_layout(height=plot_px + (m.t or 0) + (m.b or 0))
+
+
+def titled_for_export(fig: go.Figure, model: str, ablation: str) -> go.Figure:
+    """A copy of `fig` whose visible title names the run it shows (model, ablation) above the chart's
+    own title: an exported page stands alone, away from the app's caption."""
+    out = go.Figure(fig)
+    run = html.escape(f"{model} · ablation: {ablation}")
+    own = fig.layout.title.text
+    extra = 26 if own else 0
+    m = out.layout.margin
+    out.update_layout(title=dict(text=f"{run}<br><span style='font-size:0.85em'>{own}</span>" if own else run,
+                                 y=1, yref="container", yanchor="top", pad=dict(t=10)),
+                      margin=dict(t=max(m.t or 0, MARGIN_T) + extra + (0 if own else 20)))
+    if fig.layout.height:
+        out.update_layout(height=fig.layout.height + extra + (0 if own else 20))
+    return out
 
 
 def _discrete_scale(n: int) -> list[list]:
@@ -108,14 +180,25 @@ def _colorbar(labels: list[str]) -> dict:
     return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels, title="")
 
 
+def _rows_top_down(fig: go.Figure) -> None:
+    """The first layer on top (heatmaps put the first category at the bottom): rows read in model
+    depth order, top to bottom, as the utilisation chart reads them left to right."""
+    fig.update_yaxes(autorange="reversed")
+
+
 def choice_heatmap(g: ChoiceGrid, tokens: list[str], n_prompt: int | None = None) -> go.Figure:
     """Layer x token heatmap of a discrete choice, hover with details."""
     n = max(1, len(g.labels))
     fig = go.Figure(_choice_trace(g, n, tokens, colorbar=_colorbar(g.labels)))
     _axis(fig, tokens, n_prompt)
     _layout(fig, g.title, len(g.layers))
+    _rows_top_down(fig)
     _fixed_margins(fig, g.layers)
+    _total_height(fig, _height(len(g.layers)))
     return fig
+
+
+STACK_GAP = 48  # px between stacked rows: the next row's title
 
 
 def stacked_choice_heatmaps(grids: list[ChoiceGrid], tokens: list[str], n_prompt: int | None = None) -> go.Figure:
@@ -126,15 +209,19 @@ def stacked_choice_heatmaps(grids: list[ChoiceGrid], tokens: list[str], n_prompt
 
     widest = max(grids, key=lambda g: len(g.labels))
     n = max(1, len(widest.labels))
-    fig = make_subplots(rows=len(grids), cols=1, shared_xaxes=True, vertical_spacing=0.25 / len(grids),
-                        subplot_titles=[g.title for g in grids], row_heights=[max(1, len(g.layers)) for g in grids])
+    heights = [_height(len(g.layers)) for g in grids]
+    plot_px = sum(heights) + STACK_GAP * (len(grids) - 1)
+    fig = make_subplots(rows=len(grids), cols=1, shared_xaxes=True, vertical_spacing=STACK_GAP / plot_px,
+                        subplot_titles=[g.title for g in grids], row_heights=heights)
     for row, g in enumerate(grids, start=1):
         fig.add_trace(_choice_trace(g, n, tokens, showscale=g is widest, colorbar=_colorbar(widest.labels)),
                       row=row, col=1)
+    fig.update_annotations(x=0, xanchor="left", font=dict(size=15, color=HIGHLIGHT))  # row titles: left, like a title
     _axis(fig, tokens, n_prompt, rows=len(grids))
-    fig.update_layout(height=sum(_height(len(g.layers)) for g in grids), margin=dict(l=10, r=10, t=40, b=10),
-                      plot_bgcolor="white")
+    fig.update_layout(plot_bgcolor="white")
+    _rows_top_down(fig)
     _fixed_margins(fig, [l for g in grids for l in g.layers])
+    _total_height(fig, plot_px)
     return fig
 
 
@@ -146,7 +233,9 @@ def value_heatmap(z: np.ndarray, hover: np.ndarray, layers: list[str], tokens: l
                                zmax=zmax, xgap=1, ygap=1, colorbar=dict(title=colorbar_title)))
     _axis(fig, tokens, n_prompt)
     _layout(fig, title, len(layers))
+    _rows_top_down(fig)
     _fixed_margins(fig, [str(l) for l in layers])
+    _total_height(fig, _height(len(layers)))
     return fig
 
 
@@ -170,8 +259,14 @@ def _hover(df: pd.DataFrame, layers: list[str], T: int, tokens: list[str], line)
     return out
 
 
-def _layers(df: pd.DataFrame) -> list[str]:
-    return sorted(df[C.LAYER].unique(), key=lambda l: [int(p) if p.isdigit() else p for p in l.split(".")])
+def _layers(df: pd.DataFrame, depth: Iterable[str] = ()) -> list[str]:
+    """The frame's layers in model depth order: as `depth` lists them (the model's routing layers,
+    `model.option_labels()`, are in forward order), then any others by name with numbers compared
+    as numbers ("blocks.10" after "blocks.9"), which is depth order for block-indexed names."""
+    rank = {l: i for i, l in enumerate(depth)}
+    return sorted(df[C.LAYER].unique(), key=lambda l: (rank.get(l, len(rank)),
+                                                        [(0, int(p), "") if p.isdigit() else (1, 0, p)
+                                                         for p in str(l).split(".")]))
 
 
 def choice_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]]) -> ChoiceGrid:
@@ -184,7 +279,7 @@ def _selected_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list
                    value: Callable[[Any], str], title: str) -> ChoiceGrid:
     """Layers x tokens, each cell the option selected there; every option's `value` on hover."""
     v = view[view[C.BATCH] == 0]
-    layers, T = _layers(v), len(tokens)
+    layers, T = _layers(v, labels), len(tokens)
     z = _grid(v[v[C.SELECTED]], C.OPTION, layers, T)
     hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.selected else ''}{r.label}: {value(r)}")
     return ChoiceGrid(z, hover, layers, option_names(labels, layers), title)
@@ -210,7 +305,7 @@ def gumbel_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[st
 
 def cosine_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]]) -> ChoiceGrid:
     v = view[(view[C.BATCH] == 0) & view[C.COSINE].notna()]
-    layers, T = _layers(v), len(tokens)
+    layers, T = _layers(v, labels), len(tokens)
     z = _grid(v[v[C.DOMINANT]], C.OPTION, layers, T)
     hover = _hover(v, layers, T, tokens,
                    lambda r: f"{'▶ ' if r.dominant else ''}{labels[r.layer][r.option]}: cos {r.cosine:.3f}")
@@ -221,7 +316,7 @@ def cosine_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[st
 
 def topk_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]]) -> ChoiceGrid:
     v = view[view[C.BATCH] == 0]
-    layers, T = _layers(v), len(tokens)
+    layers, T = _layers(v, labels), len(tokens)
     z = _grid(v[v[C.RANK] == 0], C.OPTION, layers, T)
     hover = _hover(v, layers, T, tokens,
                    lambda r: f"#{r.rank + 1} {labels[r.layer][r.option]}: weight {r.weight:.3f} (p {r.prob:.3f})")
@@ -235,7 +330,7 @@ def share_figure(view: pd.DataFrame, tokens: list[str], value: str, option: int,
     layers, T = _layers(v), len(tokens)
     z = _grid(v[v[C.OPTION] == option], value, layers, T)
     hover = _hover(v, layers, T, tokens, label)
-    return value_heatmap(z, hover, layers, tokens, title, n_prompt, zmin=0.0, zmax=1.0, colorscale="RdBu",
+    return value_heatmap(z, hover, layers, tokens, title, n_prompt, zmin=0.0, zmax=1.0, colorscale=HIGH_IS_BLUE,
                          colorbar_title=value)
 
 
@@ -245,7 +340,7 @@ def gate_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | None) -> 
     z = _grid(v, C.GATE_MEAN, layers, T)
     hover = _hover(v, layers, T, tokens, lambda r: f"mean alpha (stream A): {r.gate_mean:.3f}")
     return value_heatmap(z, hover, layers, tokens, "DSFF gate: mean alpha (weight of the narrow SwiGLU stream)",
-                         n_prompt, zmin=0.0, zmax=1.0, colorscale="RdBu", colorbar_title="alpha")
+                         n_prompt, zmin=0.0, zmax=1.0, colorscale=HIGH_IS_BLUE, colorbar_title="alpha")
 
 
 def bar_figure(labels: list[str], values: list[float], title: str, y_title: str = "",
@@ -257,15 +352,18 @@ def bar_figure(labels: list[str], values: list[float], title: str, y_title: str 
 
 
 def grouped_bars(df: pd.DataFrame, x: str, y: str, group: str, title: str, y_title: str = "",
-                 hover: str | None = None) -> go.Figure:
-    """Bars of y per x, one colour per group; `hover`: a column shown on hover (e.g. the option label)."""
+                 hover: str | None = None, colors: dict[Any, str] | None = None, x_title: str = "") -> go.Figure:
+    """Bars of y per x, one colour per group (`colors`: group -> colour; default PALETTE in order of
+    appearance); `hover`: a column shown on hover (e.g. the option label). x keeps the frame's order."""
     fig = go.Figure()
     for i, (name, g) in enumerate(df.groupby(group, sort=False)):
         extra = dict(customdata=g[hover], hovertemplate=f"{name}<br>%{{customdata}}: %{{y:.4f}}<extra></extra>") \
             if hover else {}
-        fig.add_bar(x=g[x].astype(str), y=g[y], name=str(name), marker_color=PALETTE[i % len(PALETTE)], **extra)
-    fig.update_layout(title=title, barmode="group", yaxis_title=y_title, height=320,
+        color = colors[name] if colors else PALETTE[i % len(PALETTE)]
+        fig.add_bar(x=g[x].astype(str), y=g[y], name=str(name), marker_color=color, **extra)
+    fig.update_layout(title=title, barmode="group", yaxis_title=y_title, xaxis_title=x_title, height=320,
                       margin=dict(l=10, r=10, t=40, b=10))
+    fig.update_xaxes(categoryorder="array", categoryarray=list(dict.fromkeys(df[x].astype(str))))
     return fig
 
 
@@ -275,13 +373,17 @@ def candidates_figure(tokens: list[str], probs: list[float], chosen: str, positi
     fig = go.Figure(go.Bar(x=probs[::-1], y=labels[::-1], orientation="h", marker_color=colors[::-1],
                            text=[f"{p:.1%}" for p in probs[::-1]], textposition="outside",
                            hovertemplate="%{y}: %{x:.4%}<extra></extra>"))
+    top = max(probs, default=1.0)
     fig.update_layout(title=f"Next-token candidates at position {position} (dark: the token generated)",
-                      xaxis=dict(range=[0, 1.1],
-                      tickformat=".0%"), height=60 + 26 * len(tokens), margin=dict(l=10, r=10, t=40, b=10))
+                      # the axis fits the largest value, with room for its label outside the bar
+                      xaxis=dict(range=[0, min(1.0, top) * 1.2], tickformat=".0%" if top >= 0.05 else ".1%"),
+                      height=60 + 26 * len(tokens), margin=dict(l=10, r=10, t=40, b=10))
     return fig
 
 
-def kl_figure(effects: pd.DataFrame, tokens: list[str]) -> go.Figure:
+def kl_figure(effects: pd.DataFrame, tokens: list[str], n_prompt: int | None = None) -> go.Figure:
+    """KL per position (the distribution at position p predicts token p + 1), the prompt | generated
+    line between the prompt's last token and the first generated one."""
     e = effects[effects[C.BATCH] == 0]
     colors = [PALETTE[3] if f else PALETTE[0] for f in e[C.FLIPPED]]
     hover = [f"{html.escape(show_token(tokens[p]))} (pos {p})<br>KL {k:.4f} nats<br>p(base top-1): {a:.3f} → {b:.3f}"
@@ -289,9 +391,10 @@ def kl_figure(effects: pd.DataFrame, tokens: list[str]) -> go.Figure:
              for p, k, a, b, f in zip(e[C.POSITION], e[C.KL], e[C.BASE_PROB], e[C.ABLATED_PROB], e[C.FLIPPED])]
     fig = go.Figure(go.Bar(x=e[C.POSITION], y=e[C.KL], marker_color=colors, customdata=hover,
                            hovertemplate="%{customdata}<extra></extra>"))
-    _axis(fig, tokens[:len(e)], None)
-    fig.update_layout(title="KL(base ‖ ablated) of the next-token distribution per position (red: top-1 flipped)",
-                      yaxis_title="nats", height=320, margin=dict(l=10, r=10, t=40, b=10))
+    fig.update_layout(title="KL(base ‖ ablated) of the next-token distribution at each position "
+                            "(red: top-1 flipped)", yaxis_title="nats", height=360,
+                      margin=dict(l=10, r=10, t=MARGIN_T, b=10))
+    _axis(fig, tokens[:len(e)], n_prompt)
     return fig
 
 
@@ -305,7 +408,7 @@ def attribution_figure(tokens: list[str], values: list[float], title: str) -> go
     return fig
 
 
-def atm_figure(merges: pd.DataFrame, tokens: list[str], tau: float) -> go.Figure:
+def atm_figure(merges: pd.DataFrame, tokens: list[str], tau: float, n_prompt: int | None = None) -> go.Figure:
     """Per active ATM layer: the adjacent-cosine strip, with merged pairs bracketed above it."""
     m = merges[merges[C.BATCH] == 0]
     layers = _layers(m)
@@ -314,12 +417,12 @@ def atm_figure(merges: pd.DataFrame, tokens: list[str], tau: float) -> go.Figure
     hover = _hover(m, layers, T, tokens,
                    lambda r: f"cos(t, t+1) {r.adjacent_cos:.3f}" + (f"<br>merged with {r.partner}" if r.merged else ""))
     fig = value_heatmap(z, hover, layers, tokens, f"ATM adjacent cosines; merged pairs bracketed (tau = {tau:.2f})",
-                        None, zmin=-1.0, zmax=1.0, colorscale="RdBu_r", colorbar_title="cos")
-    for li, layer in enumerate(layers):
+                        n_prompt, zmin=-1.0, zmax=1.0, colorscale=HIGH_IS_BLUE, colorbar_title="cos")
+    for li, layer in enumerate(layers):  # rows run top down: a bracket above row li is at y < li
         rows = m[(m[C.LAYER] == layer) & m[C.MERGED]]
         for a in sorted(int(p) for p, q in zip(rows[C.POSITION], rows[C.PARTNER]) if int(q) > int(p)):
-            y0, y1 = li + 0.2, li + 0.42
+            y0, y1 = li - 0.2, li - 0.42
             fig.add_shape(type="path", path=f"M {a - 0.3},{y0} L {a - 0.3},{y1} L {a + 1.3},{y1} L {a + 1.3},{y0}",
                           line=dict(color="black", width=2))
-    fig.update_layout(height=max(240, 90 + 60 * len(layers)))
+    _total_height(fig, max(_height(len(layers)), 60 * len(layers) + 20))
     return fig

@@ -55,6 +55,10 @@ def generation_html(spans, n_prompt: int, steps, decode) -> str:
     return CSS + f'<div class="rs-text">{"".join(parts)}</div>'
 
 
+DIFF_LEGEND = ("Red: a token the other continuation has another token in place of (replaced). Green: a token "
+               "only this continuation has (the other has nothing there). Unmarked: the same in both.")
+
+
 def diff_html(diff: pd.DataFrame, side: str) -> str:
     """One side ("base" or "ablated") of the continuation diff, changed tokens highlighted."""
     token_col = C.BASE_TOKEN if side == "base" else C.ABLATED_TOKEN

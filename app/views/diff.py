@@ -1,4 +1,9 @@
-"""Ablation diff: the unablated and the ablated continuation side by side, and KL per position."""
+"""Ablation diff: the unablated and the ablated continuation side by side, and KL per position.
+
+The counts above them share one basis, the generated tokens: "changed tokens" compares the two
+continuations (each generated freely), and "top-1 flips" and "mean KL" are measured at the steps
+that generated the unablated continuation (it is fed to both models, so the steps line up). The
+KL chart below shows every position, prompt included, with the prompt | generated line."""
 from __future__ import annotations
 
 import streamlit as st
@@ -7,8 +12,15 @@ from routescope.analysis import columns as C
 from routescope.analysis.effects import first_divergence, generation_diff
 from routescope.analysis.session import Run
 
-from ..components.figures import kl_figure
-from ..components.tokens import diff_html
+from ..components.figures import DIVIDER_LEGEND, kl_figure
+from ..components.tokens import DIFF_LEGEND, diff_html
+
+
+def generation_steps(effects, n_prompt: int, n_generated: int):
+    """The rows of `effects` (batch 0) whose next-token distribution produced a generated token: the
+    distribution at position p predicts token p + 1, so positions n_prompt - 1 .. n_prompt + n - 2."""
+    e = effects[effects[C.BATCH] == 0]
+    return e[(e[C.POSITION] >= n_prompt - 1) & (e[C.POSITION] < n_prompt - 1 + n_generated)]
 
 
 def show(base: Run, ablated: Run, effects, tokenizer) -> None:
@@ -20,17 +32,28 @@ def show(base: Run, ablated: Run, effects, tokenizer) -> None:
     # (alignment rows also hold the unablated run's deletions, which are no tokens of this run)
     changed = int((diff[C.CHANGED] & diff[C.ABLATED_INDEX].notna()).sum())
     first = first_divergence(diff)
-    e = effects[effects[C.BATCH] == 0]
+    n_gen = len(base.generation.new_ids)
+    steps = generation_steps(effects, base.n_prompt, n_gen)
     cols = st.columns(4)
     cols[0].metric("changed tokens", f"{changed} of {len(ablated.generation.new_ids)}",
                    help="Generated tokens of the ablated run not matched, in order, by the unablated "
                         "continuation (difflib alignment)")
     cols[1].metric("first divergence", "none" if first is None else f"step {first}")
-    cols[2].metric("mean KL (nats)", f"{e[C.KL].mean():.4f}")
-    cols[3].metric("top-1 flips", int(e[C.FLIPPED].sum()))
+    cols[2].metric("mean KL (nats)", f"{steps[C.KL].mean():.4f}" if len(steps) else "n/a",
+                   help="Mean KL(base ‖ ablated) of the next-token distributions at the steps that generated "
+                        "the unablated continuation")
+    cols[3].metric("top-1 flips", f"{int(steps[C.FLIPPED].sum())} of {len(steps)}",
+                   help="Steps of the unablated continuation at which the ablated model's most likely next "
+                        "token differs (both models read the same unablated tokens)")
+    st.caption(f"Changed tokens, mean KL and top-1 flips all count the {n_gen} generated tokens (the chart below "
+               f"has every position, the prompt's too). Changed tokens compares the two continuations as each "
+               f"model generated them; KL and flips are measured with both models reading the unablated "
+               f"continuation, so its steps line up.")
     left, right = st.columns(2)
     left.markdown("**Unablated**")
     left.markdown(diff_html(diff, "base"), unsafe_allow_html=True)
     right.markdown(f"**Ablated** (`{ablated.ablation.describe()}`)")
     right.markdown(diff_html(diff, "ablated"), unsafe_allow_html=True)
-    st.plotly_chart(kl_figure(effects, base.tokens), key="kl_chart", width="stretch")
+    st.caption(DIFF_LEGEND)
+    st.plotly_chart(kl_figure(effects, base.tokens, base.n_prompt), key="kl_chart", width="stretch")
+    st.caption(DIVIDER_LEGEND)

@@ -17,6 +17,8 @@ import streamlit as st
 from routescope.analysis.export import frame_csv_bytes
 from routescope.analysis.session import Run, candidates_table, provenance
 
+from ..components.figures import titled_for_export
+
 
 def _stem(run: Run) -> str:
     ab = re.sub(r"[^A-Za-z0-9_.-]+", "_", run.ablation.describe())
@@ -67,7 +69,8 @@ def show(run: Run, tokenizer, drawn: Any, table6: dict | None, table: dict[str, 
         st.markdown("**Figures** (HTML with plotly.js inside, works offline; PNG from the camera icon on each chart)")
         cols = st.columns(3)
         for i, (name, fig) in enumerate(drawn.figures.items()):
-            fig = fig.update_layout(meta=provenance(run))
+            # the page names the model and ablation in its visible title, and carries the run in its meta
+            fig = titled_for_export(fig, run.model_name, run.ablation.describe()).update_layout(meta=provenance(run))
             # deferred: the ~4.8 MB page is only rendered when the button is pressed
             _offer(cols[i % 3], f"{name}.html", lambda f=fig: figure_html(f), f"{stem}_{name}.html", "text/html",
                    f"dl_fig_{name}")

@@ -49,8 +49,11 @@ def _upload() -> None:
     rejected = None
     with st.expander("Upload a checkpoint"):
         files = st.file_uploader("config.json, model.safetensors and tokenizer.json", accept_multiple_files=True,
-                                 key=K.UPLOAD)
-        if files and st.button("Validate and open", key="upload_go"):
+                                 key=K.UPLOAD, help="Safetensors weights only: pickle-based .pt/.bin files are refused")
+        problems = resources.upload_problems(files or [])
+        for problem in problems if files else ():  # said as soon as the files are picked
+            st.warning(problem)
+        if files and st.button("Validate and open", key="upload_go", disabled=bool(problems)):
             try:
                 st.session_state[K.UPLOADED_PATH] = resources.save_upload(files)
                 st.session_state["select_upload"] = True

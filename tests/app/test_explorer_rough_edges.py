@@ -123,3 +123,97 @@ def test_table6_csv_carries_the_ablation(monkeypatch):
     assert set(s[s["source"] == "ours"]["ablation"]) == {"drop *:0"}
     assert set(s[s["source"] == "paper"]["ablation"]) == {"none (the paper's routes)"}
     assert all("drop" in n for n in files if "table6" in n)  # the file names say it too
+
+
+# --- item 8: the ablation diff counts on one stated basis --------------------------------------
+
+def _of(text: str) -> tuple[int, int]:
+    k, n = re.fullmatch(r"(\d+) of (\d+)", text).groups()
+    return int(k), int(n)
+
+
+def test_ablation_diff_counts_the_generated_tokens():
+    """"top-1 flips k of n" and the mean KL are over the n steps that generated the unablated
+    continuation, recomputed here from the two models' logits on that continuation."""
+    from routescope.core_models.generate import generate
+    from routescope.core_models.runtime import Ablation
+
+    at = view(pick(fresh(), "pgpt"), "Ablation diff")
+    at.checkbox(key=K.drop_global_key(scope(at), 1)).check().run()
+    ok(at)
+    metrics = {m.label: m.value for m in at.metric}
+    changed, n_changed = _of(metrics["changed tokens"])
+    flips, n_steps = _of(metrics["top-1 flips"])
+    n_new = at.slider(key=K.MAX_NEW).value
+    assert n_changed == n_steps == n_new and 0 <= changed <= n_new
+    assert any(f"count the {n_new} generated tokens" in c.value for c in at.caption)
+    assert any("Red:" in c.value and "Green:" in c.value for c in at.caption)  # the highlights' legend
+    # by hand: the unablated continuation, fed to both models
+    model, tok = load_checkpoint(CHECKPOINTS["pgpt"].path)
+    prompt = tok.encode(at.text_area(key=K.PROMPT).value).ids
+    ids = prompt + list(generate(model, prompt, max_new_tokens=n_new, trace_sites=None).new_ids)
+    with torch.inference_mode():
+        base = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+        abl = torch.log_softmax(model(torch.tensor([ids]), ablation=Ablation.parse(drop=["1"])).logits[0].double(), -1)
+    steps = range(len(prompt) - 1, len(prompt) - 1 + n_new)  # position p's distribution gives token p + 1
+    assert flips == sum(int(base[p].argmax() != abl[p].argmax()) for p in steps)
+    kl = np.mean([float((base[p].exp() * (base[p] - abl[p])).sum()) for p in steps])
+    assert float(metrics["mean KL (nats)"]) == pytest.approx(kl, rel=1e-3, abs=5e-5)  # printed with 4 decimals
+
+
+# --- item 11: the upload's messages ------------------------------------------------------------
+
+def _files(name: str) -> dict[str, bytes]:
+    d = Path(CHECKPOINTS[name].path)
+    return {f: (d / f).read_bytes() for f in ("config.json", "model.safetensors", "tokenizer.json")}
+
+
+def _pick_files(at: AppTest, files: list[tuple[str, bytes]]) -> AppTest:
+    at.file_uploader(key=K.UPLOAD).set_value([(n, b, "application/octet-stream") for n, b in files]).run()
+    return at
+
+
+@pytest.mark.parametrize("weights", ["model.pt", "pytorch_model.bin"])
+def test_pickle_weights_are_refused_with_the_reason(weights):
+    files = _files("pgpt")
+    picked = [("config.json", files["config.json"]), (weights, b"\x80\x04not really a pickle"),
+              ("tokenizer.json", files["tokenizer.json"])]
+    at = _pick_files(fresh(), picked)
+    assert not at.exception
+    said = " ".join(w.value for w in at.warning)
+    assert f"{weights}: pickle-based weights are refused" in said and "safetensors" in said
+    assert "upload model.safetensors too" not in said
+    assert at.button(key="upload_go").disabled
+
+
+def test_a_file_picked_twice_is_named_not_silently_replaced():
+    files = _files("pgpt")
+    other = _files("moep")["config.json"]
+    picked = [("config.json", files["config.json"]), ("model.safetensors", files["model.safetensors"]),
+              ("tokenizer.json", files["tokenizer.json"]), ("config.json", other)]
+    at = _pick_files(fresh(), picked)
+    said = " ".join(w.value for w in at.warning)
+    assert "config.json picked more than once" in said
+    assert at.button(key="upload_go").disabled
+    _pick_files(at, picked[:3])  # the extra one removed: it opens
+    assert not at.warning and not at.button(key="upload_go").disabled
+    at.button(key="upload_go").click().run()
+    ok(at)
+    assert "routescope-upload-" in scope(at)
+
+
+def test_save_upload_refuses_the_same_problems_itself():
+    from routescope.app import resources
+
+    class F:
+        def __init__(self, name: str) -> None:
+            self.name, self.size = name, 1
+
+        def getvalue(self) -> bytes:
+            raise AssertionError("read before the names were checked")
+
+    for names, says in ((["config.json", "model.bin"], "pickle-based weights are refused"),
+                        (["config.json", "config.json", "model.safetensors"], "picked more than once"),
+                        (["config.json"], "upload model.safetensors too")):
+        with pytest.raises(ValueError, match=says):
+            resources.save_upload([F(n) for n in names])

@@ -1,35 +1,50 @@
-"""Figure builders (no Streamlit): token axis labels stay few enough to draw fast, data stays whole."""
+"""Figure builders (no Streamlit): every token has its own tick within a window of TOKEN_WINDOW tokens,
+data stays whole, rows read in model depth order, charts of one run line up, one colour meaning."""
+from functools import lru_cache
+from pathlib import Path
+
 import numpy as np
+import pytest
 
-from routescope.app.components.figures import (MAX_TOKEN_LABELS, PALETTE, ChoiceGrid, choice_heatmap, has_divider,
-                                    stacked_choice_heatmaps, show_token, token_ticks)
+from routescope.analysis.routing import option_names
+from routescope.analysis.session import RunSettings, run_prompt
+from routescope.app.components import drawers as D
+from routescope.app.components.figures import (DIVIDER, LABEL_CHARS, PALETTE, ROW_PX, TOKEN_WINDOW, ChoiceGrid,
+                                               candidates_figure, choice_heatmap, has_divider, is_token_chart,
+                                               kl_figure, show_token, stacked_choice_heatmaps, titled_for_export,
+                                               token_ticks)
+from routescope.core_models.checkpoint import load_checkpoint
+from routescope.core_models.runtime import Ablation
+
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
 
 
-def test_short_sequences_label_every_token():
-    toks = ["Once", " upon", "\n", " a"]
+def test_every_token_gets_its_own_tick_cut_to_the_stated_length():
+    toks = ["Once", " upon", "\n", " a", " extraordinarily_long_token"]
     vals, text = token_ticks(toks)
-    assert vals == [0, 1, 2, 3] and text == [show_token(t) for t in toks]
-
-
-def test_long_sequences_label_every_kth_token():
-    toks = [f"t{i}" for i in range(88)]
-    vals, text = token_ticks(toks)
-    assert len(vals) <= MAX_TOKEN_LABELS and vals[0] == 0
-    step = vals[1] - vals[0]
-    assert step == -(-88 // MAX_TOKEN_LABELS) and vals == list(range(0, 88, step))
-    assert text == [toks[v] for v in vals]
+    assert vals == [0, 1, 2, 3, 4]
+    for t, shown in zip(toks, text):
+        whole = show_token(t)
+        assert shown == whole if len(whole) <= LABEL_CHARS else (len(shown) == LABEL_CHARS and shown.endswith("…")
+                                                                  and whole.startswith(shown[:-1]))
     assert token_ticks([]) == ([], [])
 
 
-def test_heatmap_keeps_every_token_column_and_hover():
-    T, layers = 88, ["parallel.0", "parallel.1"]
+@pytest.mark.parametrize("T", [1, TOKEN_WINDOW - 1, TOKEN_WINDOW, TOKEN_WINDOW + 1, 88, 300])
+def test_heatmap_ticks_every_token_and_opens_on_a_window(T):
+    layers = ["parallel.0", "parallel.1"]
     toks = [f"w{i}" for i in range(T)]
     hover = np.array([[f"{l} {t}" for t in toks] for l in layers], dtype=object)
-    fig = choice_heatmap(ChoiceGrid(np.zeros((2, T)), hover, layers, ["path 1", "path 2"], "title"), toks)
+    fig = choice_heatmap(ChoiceGrid(np.zeros((2, T)), hover, layers, ["path 0", "path 1"], "title"), toks)
     trace = fig.data[0]
     assert np.asarray(trace.z).shape == (2, T) and len(trace.x) == T
     assert np.asarray(trace.customdata).shape == (2, T)  # every cell keeps its own hover text
-    assert len(fig.layout.xaxis.tickvals) <= MAX_TOKEN_LABELS
+    ax = fig.layout.xaxis
+    assert list(ax.tickvals) == list(range(T)) and list(ax.ticktext) == toks  # one tick per token
+    lo, hi = ax.range
+    shown = [t for t in range(T) if lo < t < hi]
+    assert shown == list(range(max(0, T - TOKEN_WINDOW), T))  # the last TOKEN_WINDOW tokens, whole cells
+    assert fig.layout.dragmode == "pan" and fig.layout.yaxis.fixedrange  # the rest is a drag away
 
 
 def _colour(trace, option: int) -> str:
@@ -54,6 +69,132 @@ def test_stacked_rows_keep_their_cells_and_share_one_option_colour_bar():
             assert _colour(trace, option) == PALETTE[option]
     assert list(fig.data[0].colorbar.ticktext) == routes.labels
     assert has_divider(fig)
-    dividers = [s for s in fig.layout.shapes if s.name == "prompt | generated"]
+    dividers = [s for s in fig.layout.shapes if s.name == DIVIDER]
     assert len(dividers) == 2 and {s.x0 for s in dividers} == {4.5}  # one per row, between prompt and generated
-    assert fig.layout.height == choice_heatmap(routes, toks).layout.height + choice_heatmap(cosine, toks).layout.height
+    # a grid is as tall stacked as drawn alone, at least ROW_PX a layer
+    m = fig.layout.margin
+    plot = fig.layout.height - m.t - m.b
+    for axis, grid in ((fig.layout.yaxis, routes), (fig.layout.yaxis2, cosine)):
+        px = (axis.domain[1] - axis.domain[0]) * plot
+        alone = choice_heatmap(grid, toks)
+        assert px == pytest.approx(alone.layout.height - alone.layout.margin.t - alone.layout.margin.b, rel=0.02)
+        assert px >= ROW_PX * len(grid.layers)
+
+
+def test_the_divider_label_is_above_the_plot_over_no_cell():
+    toks = [f"w{i}" for i in range(10)]
+    g = ChoiceGrid(np.zeros((1, 10)), np.full((1, 10), "", dtype=object), ["paths"], ["path 0"], "t")
+    for fig in (choice_heatmap(g, toks, n_prompt=4), stacked_choice_heatmaps([g, g], toks, n_prompt=4)):
+        labels = [a for a in fig.layout.annotations if a.name == DIVIDER]
+        assert len(labels) == 1
+        a = labels[0]
+        assert a.x == 3.5 and a.yref == "paper" and a.y >= 1 and a.yanchor == "bottom"  # at or above the top edge
+        titles = [t for t in fig.layout.annotations if t.name != DIVIDER]  # stacked rows' titles
+        assert all(a.yshift > 0 for _ in titles)  # above the top row's title too
+
+
+# --- a run's figures, drawn as the app draws them ----------------------------------------------
+
+@lru_cache(maxsize=None)
+def drawn(name: str, drop: tuple[str, ...] = (), stacked: bool = True):
+    model, tok = load_checkpoint(CHECKPOINTS / name)
+    run = run_prompt(model, tok, "Once upon a time, there was a little", settings=RunSettings(max_new_tokens=12),
+                     ablation=Ablation.parse(drop=list(drop)), model_name=name)
+    figs, _ = D.draw_run(run, model, stacked=stacked)
+    return model, run, figs
+
+
+@pytest.mark.parametrize("name", ["moep", "papaformer-gumbel-v2", "wiola-tiny", "pagmlp"])
+def test_heatmap_rows_read_in_model_depth_order_top_down(name):
+    model, _, figs = drawn(name, stacked=False)
+    depth = list(model.routing_layers())  # forward order: the modules as the model runs them
+    checked = 0
+    for fig in figs.values():
+        for trace in fig.data:
+            if trace.type != "heatmap" or not set(trace.y) <= set(depth):
+                continue
+            rows = list(trace.y)
+            assert rows == sorted(rows, key=depth.index), (fig.layout.title.text, rows)
+            checked += 1
+    assert checked
+    for fig in figs.values():
+        if any(t.type == "heatmap" for t in fig.data):
+            assert all(ax.autorange == "reversed" for ax in fig.select_yaxes())  # the first row on top
+
+
+def test_moep_utilisation_reads_like_its_heatmap():
+    """Bars left to right in the heatmap's row order; legend names and colours those of its colour bar."""
+    model, _, figs = drawn("moep", stacked=False)
+    depth = list(model.routing_layers())
+    heat = figs["topk_routes"]
+    assert list(heat.data[0].y) == depth
+    util = figs["topk_utilisation"]
+    assert list(util.layout.xaxis.categoryarray) == depth
+    names = option_names(model.option_labels())
+    assert [b.name for b in util.data] == names == list(heat.data[0].colorbar.ticktext)
+    assert [b.marker.color for b in util.data] == PALETTE[:len(names)]
+    assert util.layout.yaxis.title.text  # the axis says what it counts
+
+
+@pytest.mark.parametrize("name", ["wiola-tiny", "moep", "pgpt", "pagmlp"])
+def test_token_charts_of_a_run_line_up(name):
+    """Token t sits at the same x in every chart of a run: same left and right margins, same window."""
+    _, run, figs = drawn(name, stacked=False)
+    charts = [f for f in figs.values() if is_token_chart(f)]
+    assert charts
+    assert len({(f.layout.margin.l, f.layout.margin.r) for f in charts}) == 1
+    assert len({tuple(f.layout.xaxis.range) for f in charts}) == 1
+    for f in charts:
+        assert has_divider(f), f.layout.title.text  # ATM's included
+        assert {s.x0 for s in f.layout.shapes if s.name == DIVIDER} == {run.n_prompt - 0.5}
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    if colour.startswith("#"):
+        return tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(float(v)) for v in colour[colour.index("(") + 1:-1].split(",")[:3])
+
+
+def test_every_continuous_heatmap_is_blue_where_high():
+    """DSFF gates, ATM cosines, PAGMLP and pgpt shares, option weights: one meaning of colour."""
+    seen = 0
+    for name in ("wiola-tiny", "pagmlp", "pgpt", "moep"):
+        for fig in drawn(name, stacked=False)[2].values():
+            for t in fig.data:
+                if t.type != "heatmap" or t.zmin == -0.5:  # discrete option grids have their own palette
+                    continue
+                scale = t.colorscale
+                lo, hi = _rgb(scale[0][1]), _rgb(scale[-1][1])
+                assert hi[2] > hi[0] and lo[0] >= lo[2], (fig.layout.title.text, scale[0], scale[-1])
+                seen += 1
+    assert seen >= 4
+
+
+def test_candidates_axis_fits_its_values():
+    for probs in ([0.12, 0.05, 0.01], [0.97, 0.02], [0.004, 0.003]):
+        fig = candidates_figure([f"t{i}" for i in range(len(probs))], probs, "t0", 3)
+        lo, hi = fig.layout.xaxis.range
+        assert lo == 0 and max(probs) < hi <= max(probs) * 1.5  # the top bar fills most of the width
+
+
+def test_kl_chart_marks_where_the_prompt_ends():
+    import pandas as pd
+
+    from routescope.analysis import columns as C
+
+    T = 9
+    e = pd.DataFrame({C.BATCH: 0, C.POSITION: range(T), C.KL: np.linspace(0, 1, T), C.FLIPPED: [False] * T,
+                      C.BASE_PROB: 0.5, C.ABLATED_PROB: 0.4})
+    fig = kl_figure(e, [f"w{i}" for i in range(T)], n_prompt=4)
+    assert {s.x0 for s in fig.layout.shapes if s.name == DIVIDER} == {3.5}
+
+
+def test_an_exported_figure_names_model_and_ablation_in_its_visible_title():
+    _, run, figs = drawn("pgpt", ("1",))
+    for name, fig in figs.items():
+        out = titled_for_export(fig, run.model_name, run.ablation.describe())
+        title = out.layout.title.text
+        assert "pgpt" in title and "drop *:1" in title, name
+        if fig.layout.title.text:
+            assert fig.layout.title.text in title  # the chart's own title stays
+        assert fig.layout.title.text != title  # the app's figure is not changed
