@@ -16,7 +16,21 @@ from routescope.core_models.runtime import ALL_LAYERS, Ablation
 from .. import state as K
 
 AUTO = "auto"
-ALL = "all options"
+ALL = "all options"  # "Keep only" not set (shown as a dash)
+
+
+def _keep_changed(scope: str, n: int) -> None:
+    """"Keep only j" ticks every other Drop box and unticks j's ("—": unticks them all): the boxes are
+    the one record of what is dropped everywhere, and always show it."""
+    keep = st.session_state[K.keep_only_key(scope)]
+    for j in range(n):
+        st.session_state[K.drop_global_key(scope, j)] = keep != ALL and j != keep
+
+
+def _drop_changed(scope: str, n: int) -> None:
+    """A Drop box changed: "Keep only" shows the one option left, if exactly one is, else "—"."""
+    kept = [j for j in range(n) if not st.session_state.get(K.drop_global_key(scope, j), False)]
+    st.session_state[K.keep_only_key(scope)] = kept[0] if n > 1 and len(kept) == 1 else ALL
 
 
 def reset_for(path: str) -> None:
@@ -37,14 +51,15 @@ def controls(model: RouteScopeLM, scope: str) -> Ablation:
     n_global = min(layers.values())
     names = option_names(labels, n=n_global)
     drop, force = [], []
-    keep = st.selectbox("Keep only", [ALL] + list(range(n_global)), key=K.keep_only_key(scope),
-                        format_func=lambda j: j if j == ALL else f"{names[j]} (drop the others everywhere)",
-                        help="Drop every other option of every layer: with two paths, pgpt-1 of the paper")
-    if keep != ALL:
-        drop += [(ALL_LAYERS, j) for j in range(n_global) if j != keep]
+    # one source of truth: the Drop boxes; "Keep only" sets them and shows what they leave
+    st.selectbox("Keep only", [ALL] + list(range(n_global)), key=K.keep_only_key(scope),
+                 format_func=lambda j: "—" if j == ALL else names[j], on_change=_keep_changed, args=(scope, n_global),
+                 help="Keep one option and drop every other one everywhere (the Drop boxes below show it): with "
+                      "two paths, pgpt-1 of the paper")
     st.caption("Drop everywhere")
     for j in range(n_global):
-        if st.checkbox(f"Drop {names[j]}", key=K.drop_global_key(scope, j)):
+        if st.checkbox(f"Drop {names[j]}", key=K.drop_global_key(scope, j), on_change=_drop_changed,
+                       args=(scope, n_global)):
             drop.append((ALL_LAYERS, j))
     with st.expander("Per layer", expanded=False):
         for layer, n in layers.items():

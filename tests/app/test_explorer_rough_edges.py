@@ -217,3 +217,41 @@ def test_save_upload_refuses_the_same_problems_itself():
                         (["config.json"], "upload model.safetensors too")):
         with pytest.raises(ValueError, match=says):
             resources.save_upload([F(n) for n in names])
+
+
+# --- item 9: "Keep only" and the Drop boxes show one state ------------------------------------
+
+def _boxes(at: AppTest, n: int) -> list[bool]:
+    return [at.checkbox(key=K.drop_global_key(scope(at), j)).value for j in range(n)]
+
+
+def _caption(at: AppTest) -> str:
+    return next(c.value for c in at.caption if "Ablation:" in c.value)
+
+
+def test_keep_only_ticks_the_boxes_it_drops_and_the_boxes_set_keep_only():
+    at = pick(fresh(), "pgpt")
+    keep = lambda: at.selectbox(key=K.keep_only_key(scope(at)))  # noqa: E731
+    keep().set_value(0).run()
+    ok(at)
+    assert _boxes(at, 2) == [False, True] and "`drop *:1`" in _caption(at)  # what is dropped is shown ticked
+    keep().set_value(1).run()
+    assert _boxes(at, 2) == [True, False] and "`drop *:0`" in _caption(at)
+    keep().set_value("all options").run()  # "—": nothing kept alone, nothing dropped
+    assert _boxes(at, 2) == [False, False] and "Ablation: `none`" in _caption(at)
+    at.checkbox(key=K.drop_global_key(scope(at), 1)).check().run()  # the box alone: pgpt-1 again
+    assert keep().value == 0 and "`drop *:1`" in _caption(at)
+    assert keep().format_func(0) == "path 0"  # short enough not to be cut in the narrow column
+
+
+def test_keep_only_with_four_options():
+    at = pick(fresh(), "moep")
+    keep = lambda: at.selectbox(key=K.keep_only_key(scope(at)))  # noqa: E731
+    for j in (0, 2):
+        at.checkbox(key=K.drop_global_key(scope(at), j)).check().run()
+        assert keep().value == "all options"  # two or three left: no single one kept
+    at.checkbox(key=K.drop_global_key(scope(at), 3)).check().run()
+    assert keep().value == 1 and _boxes(at, 4) == [True, False, True, True]
+    assert "drop *:0, drop *:2, drop *:3" in _caption(at)
+    keep().set_value(2).run()
+    assert _boxes(at, 4) == [True, True, False, True] and "drop *:0, drop *:1, drop *:3" in _caption(at)
