@@ -36,24 +36,26 @@ class ExportJob:
     atm: bool = False
     drop: tuple[str, ...] = ()
     force: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()  # named ablation modes (model.ablation_modes())
     batch_size: int = 8
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "drop", tuple(self.drop))
         object.__setattr__(self, "force", tuple(self.force))
+        object.__setattr__(self, "modes", tuple(self.modes))
         if self.atm and self.max_new_tokens:
             raise ValueError("--atm needs --max-new-tokens 0: token merging cannot run with the KV cache of generation")
         if self.batch_size < 1:
             raise ValueError(f"batch_size = {self.batch_size}: must be >= 1")
 
     def ablation(self, model: Any):
-        """The job's Ablation, checked against the model's routing layers."""
+        """The job's Ablation, checked against the model's routing layers and ablation modes."""
         from routescope.core_models import Ablation
 
         if not model.routing_layers():
             raise ValueError(f"family {model.config.family!r} has no routing layers to export")
-        ablation = Ablation.parse(list(self.drop), list(self.force))
-        ablation.validate(model.routing_layers())
+        ablation = Ablation.parse(list(self.drop), list(self.force), list(self.modes))
+        ablation.validate(model.routing_layers(), model.ablation_modes())
         return ablation
 
 

@@ -93,7 +93,8 @@ def job_of(args: argparse.Namespace):
     from routescope.analysis.batch_export import ExportJob
 
     return ExportJob(max_new_tokens=args.max_new_tokens, routing=args.routing, seed=args.seed, atm=args.atm,
-                     drop=tuple(args.drop), force=tuple(args.force), batch_size=args.batch_size)
+                     drop=tuple(args.drop), force=tuple(args.force), modes=tuple(args.mode),
+                     batch_size=args.batch_size)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     sampling = Sampling(greedy=not args.sample, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, seed=args.seed)
     gen = generate(model, ids, max_new_tokens=args.max_new_tokens, sampling=sampling, top_n=args.top_n,
-                   ablation=Ablation.parse(args.drop, args.force), routing=args.routing, routing_seed=args.seed)
+                   ablation=Ablation.parse(args.drop, args.force, args.mode), routing=args.routing, routing_seed=args.seed)
     text = tok.decode(gen.new_ids)
     if args.json:
         steps = [{"position": s.position, "token": tok.decode([s.token_id]), "token_id": s.token_id,

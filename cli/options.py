@@ -132,11 +132,14 @@ class ChoicesOf(Sequence[str]):
 
 
 def add_ablation_options(p: argparse.ArgumentParser) -> None:
-    """--routing, --drop and --force, as generate and export take them."""
+    """--routing, --drop, --force and --mode, as generate and export take them."""
     p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.runtime", "ROUTING_MODES"), default="deterministic",
                    metavar="MODE", help="Gumbel routing at inference, one of %(choices)s (default %(default)s)")
     p.add_argument("--drop", action="append", default=[], help="OPTION or LAYER:OPTION, repeatable")
     p.add_argument("--force", action="append", default=[], help="LAYER:OPTION, repeatable")
+    p.add_argument("--mode", action="append", default=[], metavar="NAME",
+                   help="a named ablation of the model's family, repeatable (pgpt: pgpt1-reference, the authors' "
+                        "pgpt-1 evaluation: the highest-weight path alone, without the final LayerNorm)")
 
 
 def add_device_options(p: argparse.ArgumentParser) -> None:

@@ -51,6 +51,11 @@ class RouteScopeLM(nn.Module):
         family's modules record their terms under; a recorded term without a weight is an error."""
         return {}
 
+    def ablation_modes(self) -> dict[str, str]:
+        """Named ablations this model offers beyond dropping and forcing options (name -> what it
+        does); a call selects them with `Ablation(modes=...)` (CLI `--mode`)."""
+        return {}
+
     def run_options(self) -> dict[str, str]:
         """Family-specific per-call options this model accepts (name -> what it does); forward
         rejects any other option given a value (None always means the model's default)."""
@@ -80,7 +85,7 @@ class RouteScopeLM(nn.Module):
             pad_mask = pad_mask.to(device)
         ablation = ablation or runtime.NO_ABLATION
         if not ablation.is_empty:
-            ablation.validate(self.routing_layers())
+            ablation.validate(self.routing_layers(), self.ablation_modes())
         if routing not in runtime.ROUTING_MODES:
             raise ValueError(f"routing = {routing!r}: expected one of {runtime.ROUTING_MODES}")
         options = self.check_options(options)

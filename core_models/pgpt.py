@@ -5,7 +5,15 @@ mixed by softmax(w) over learned w (or, for P = 2, w = sigmoid(wt) and 1 - w); l
 
 Ablation semantics (routing layer `paths`, options = path indices): a dropped path is not
 computed at all and the remaining weights are renormalised to sum to 1 (pgpt-1: one path, weight
-1). Forcing path j keeps only path j.
+1). Forcing path j keeps only path j. Either way ln_f and the head follow, as eqs. 1-4 describe the
+model: this is the default pgpt-1.
+
+Ablation mode "pgpt1-reference" (`Ablation(modes=("pgpt1-reference",))`, CLI `--mode`): pgpt-1 as
+the authors evaluated it for Table 4 (reference models.py, `forward(train=False)`): only the path
+with the highest learned weight runs (P = 2, sigmoid form: path 0 when sigmoid(wt) >= 0.5, else
+path 1) and its output goes straight to the head, without ln_f. Dropped or forced paths narrow the
+choice as usual (the highest-weight path among those kept). Off by default: it is the authors'
+evaluation, not the model the text describes.
 
 lgpt / cgpt: L blocks in groups of k = `halve_every`; every group ends with a width halving through
 a Linear (lgpt) or a kernel-1 Conv1d (cgpt), both with bias. Block i runs at d / 2^floor(i / k), and
@@ -33,6 +41,7 @@ from .layers import Block, BlockSpec, init_weights, scaled_residual_init
 from .sites import RoutingLayer, Site
 
 MIXES = ("softmax", "sigmoid")
+PGPT1_REFERENCE = "pgpt1-reference"  # ablation mode: the authors' pgpt-1 evaluation (module docstring)
 
 
 @dataclass(frozen=True)
@@ -107,12 +116,15 @@ class PathMixer(nn.Module):
         self.w = nn.Parameter(torch.tensor(0.5) if c.mix == "sigmoid" else torch.zeros(c.n_paths))
         self.weights = Site("[n_paths] mixing weight of each path in this call (0 where dropped)", pos_axis=None)
 
-    def forward(self, keep: list[int]) -> torch.Tensor:
+    def full(self) -> torch.Tensor:
+        """(P,) the learned weight of every path, before any path is dropped."""
         if self.mix == "sigmoid":
             s = torch.sigmoid(self.w)
-            full = torch.stack((s, 1 - s))
-        else:
-            full = torch.softmax(self.w, dim=0)
+            return torch.stack((s, 1 - s))
+        return torch.softmax(self.w, dim=0)
+
+    def forward(self, keep: list[int]) -> torch.Tensor:
+        full = self.full()
         mask = torch.zeros_like(full)
         mask[keep] = 1.0
         w = full * mask
@@ -155,12 +167,20 @@ class PGPT(RouteScopeLM):
             self.head.weight = self.embed.wte.weight
         self._finalize()
 
+    def ablation_modes(self) -> dict[str, str]:
+        return {PGPT1_REFERENCE: "pgpt-1 as the authors evaluated it (Table 4): the highest-weight path alone, "
+                                 "its output straight to the LM head without the final LayerNorm"}
+
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         keep = self.paths.kept()
+        reference = runtime.current().ablation.has_mode(PGPT1_REFERENCE)
+        if reference:  # the highest full weight among the kept paths (argmax: path 0 on a tie, as w >= 0.5)
+            full = self.mixer.full().detach()
+            keep = [max(keep, key=lambda j: (float(full[j]), -j))]
         x = self.embed(idx)  # (B, T, d)
         w = self.mixer(keep)  # (P,)
-        y = sum(w[j] * self.paths[j](x) for j in keep)  # dropped paths never run
-        return self.head(self.ln_f(self.mixed(y)))  # (B, T, V)
+        y = self.mixed(sum(w[j] * self.paths[j](x) for j in keep))  # dropped paths never run
+        return self.head(y if reference else self.ln_f(y))  # (B, T, V)
 
 
 def pgpt_param_count(c: PGPTConfig) -> int:

@@ -24,20 +24,23 @@ class AblationError(ValueError):
 
 @dataclass(frozen=True)
 class Ablation:
-    """Paths/blocks/experts to drop and routes to force, for one call.
+    """Paths/blocks/experts to drop, routes to force and named modes, for one call.
 
     `drop` holds (layer, option) pairs; layer is a routing layer's name (see
     `model.routing_layers()`) or "*" for every layer. `force` holds (layer, option) pairs.
-    Hashable, so it can key caches.
+    `modes` names ablations a family defines beyond dropping and forcing (`model.ablation_modes()`,
+    e.g. pgpt's "pgpt1-reference", the authors' pgpt-1 evaluation). Hashable, so it can key caches.
     """
 
     drop: tuple[tuple[str, int], ...] = ()
     force: tuple[tuple[str, int], ...] = ()
+    modes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # a spec given twice is one spec
         object.__setattr__(self, "drop", tuple(sorted({(str(l), int(o)) for l, o in self.drop})))
         object.__setattr__(self, "force", tuple(sorted({(str(l), int(o)) for l, o in self.force})))
+        object.__setattr__(self, "modes", tuple(sorted({str(m) for m in self.modes})))
         routes: dict[str, list[int]] = {}
         for l, o in self.force:
             routes.setdefault(l, []).append(o)
@@ -48,7 +51,10 @@ class Ablation:
 
     @property
     def is_empty(self) -> bool:
-        return not self.drop and not self.force
+        return not self.drop and not self.force and not self.modes
+
+    def has_mode(self, mode: str) -> bool:
+        return mode in self.modes
 
     def dropped(self, layer: str) -> frozenset[int]:
         if not self.drop:  # asked by every routing layer on every call
@@ -62,18 +68,26 @@ class Ablation:
         return None
 
     @classmethod
-    def parse(cls, drop: list[str] | tuple[str, ...] = (), force: list[str] | tuple[str, ...] = ()) -> "Ablation":
-        """Parse CLI-style specs: "1" (option 1 everywhere), "parallel.0:1", "*:0"."""
+    def parse(cls, drop: list[str] | tuple[str, ...] = (), force: list[str] | tuple[str, ...] = (),
+              modes: list[str] | tuple[str, ...] = ()) -> "Ablation":
+        """Parse CLI-style specs: "1" (option 1 everywhere), "parallel.0:1", "*:0"; modes by name."""
         return cls(drop=tuple(_parse_spec(s, "drop") for s in drop),
-                   force=tuple(_parse_spec(s, "force") for s in force))
+                   force=tuple(_parse_spec(s, "force") for s in force), modes=tuple(modes))
 
     def describe(self) -> str:
-        parts = [f"drop {l}:{o}" for l, o in self.drop] + [f"force {l}:{o}" for l, o in self.force]
+        parts = ([f"drop {l}:{o}" for l, o in self.drop] + [f"force {l}:{o}" for l, o in self.force]
+                 + [f"mode {m}" for m in self.modes])
         return ", ".join(parts) if parts else "none"
 
-    def validate(self, layers: dict[str, int]) -> None:
-        """Check against {layer name: number of options}; raise naming every bad entry."""
+    def validate(self, layers: dict[str, int], modes: dict[str, str] | None = None) -> None:
+        """Check against {layer name: number of options} and the model's ablation modes
+        ({name: what it does}; None: none); raise naming every bad entry."""
         bad = []
+        known = modes or {}
+        for m in self.modes:
+            if m not in known:
+                bad.append(f"mode {m!r}: not an ablation mode of this model "
+                           f"(modes: {', '.join(known) or 'none'})")
         for kind, pairs in (("drop", self.drop), ("force", self.force)):
             for l, o in pairs:
                 if l != ALL_LAYERS and l not in layers:

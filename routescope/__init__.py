@@ -54,21 +54,23 @@ def __dir__() -> list[str]:
 
 
 def run(model: Any, tokenizer: Any, prompt: str, *, drop: list[str] | tuple[str, ...] = (),
-        force: list[str] | tuple[str, ...] = (), ablation: Any = None, name: str = "model", **settings: Any) -> Any:
+        force: list[str] | tuple[str, ...] = (), modes: list[str] | tuple[str, ...] = (), ablation: Any = None,
+        name: str = "model", **settings: Any) -> Any:
     """Generate from `prompt` and trace every routing site of prompt and continuation: a
     `routescope.analysis.session.Run` with the generation (top candidates per step), the export
     table (`run.table`) and the family's views (`run.views`: name -> tidy frame + drawer).
 
-    `drop` / `force`: ablation specs as on the command line ("parallel.0:1", "1", "*:0"), or a
+    `drop` / `force`: ablation specs as on the command line ("parallel.0:1", "1", "*:0"), `modes`:
+    named ablations of the model's family (`model.ablation_modes()`, e.g. "pgpt1-reference"), or a
     ready `ablation`; `settings`: `RunSettings` fields (max_new_tokens, greedy, temperature, top_k,
     top_p, seed, routing, top_n, options as {name: value} for the family's run options)."""
     from routescope.analysis.session import RunSettings, run_prompt
     from routescope.core_models.runtime import Ablation
 
     if ablation is None:
-        ablation = Ablation.parse(drop=list(drop), force=list(force))
-    elif drop or force:
-        raise ValueError("give drop/force specs or an ablation, not both")
+        ablation = Ablation.parse(drop=list(drop), force=list(force), modes=list(modes))
+    elif drop or force or modes:
+        raise ValueError("give drop/force/modes specs or an ablation, not both")
     if isinstance(settings.get("options"), dict):
         settings["options"] = tuple(settings["options"].items())
     return run_prompt(model, tokenizer, prompt, settings=RunSettings(**settings), ablation=ablation, model_name=name)

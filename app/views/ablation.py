@@ -1,4 +1,5 @@
-"""Ablation controls: drop options everywhere or per layer, keep one option everywhere, force routes.
+"""Ablation controls: drop options everywhere or per layer, keep one option everywhere, force routes,
+and the family's named ablation modes (`model.ablation_modes()`, e.g. pgpt's authors' pgpt-1).
 
 Labels come from the model's routing layers (`RoutingLayer.option_labels`, numbered from 0 like the
 ablation specs and the export's `option` column). The widgets' values belong to one checkpoint:
@@ -44,9 +45,11 @@ def reset_for(path: str) -> None:
 def controls(model: RouteScopeLM, scope: str) -> Ablation:
     """The ablation the widgets describe; `scope`: the checkpoint's path (part of every key)."""
     layers = model.routing_layers()
+    modes = tuple(m for m, what in model.ablation_modes().items()
+                  if st.checkbox(f"Mode: {m}", key=K.mode_key(scope, m), help=what))
     if not layers:
         st.info("This model has no paths, blocks or experts to switch off.")
-        return Ablation()
+        return Ablation(modes=modes)
     labels = model.option_labels()
     n_global = min(layers.values())
     names = option_names(labels, n=n_global)
@@ -71,7 +74,7 @@ def controls(model: RouteScopeLM, scope: str) -> Ablation:
                                      format_func=lambda j, l=layer: j if j == AUTO else labels[l][j])
                 if route != AUTO:
                     force.append((layer, int(route)))
-    return Ablation(drop=tuple(sorted(set(drop))), force=tuple(force))
+    return Ablation(drop=tuple(sorted(set(drop))), force=tuple(force), modes=modes)
 
 
 def describe(ablation: Ablation, model: RouteScopeLM) -> str:
@@ -85,5 +88,6 @@ def describe(ablation: Ablation, model: RouteScopeLM) -> str:
             return f"{option_names(labels, n=o + 1)[o]} everywhere"
         return f"{labels[layer][o]} of {layer}"
 
-    words = [f"drop {word(l, o)}" for l, o in ablation.drop] + [f"force {word(l, o)}" for l, o in ablation.force]
+    words = ([f"drop {word(l, o)}" for l, o in ablation.drop] + [f"force {word(l, o)}" for l, o in ablation.force]
+             + [model.ablation_modes().get(m, m) for m in ablation.modes])
     return f"`{ablation.describe()}` ({', '.join(words)})"

@@ -129,6 +129,18 @@ def test_keep_only_drops_every_other_option_pgpt_1():
     assert _mean_kl(at) > 0
 
 
+def test_pgpt_offers_the_authors_pgpt1_evaluation_as_a_mode():
+    at = view(pick(fresh(), BY_FAMILY["pgpt"].name), "Ablation diff")
+    box = at.checkbox(key=K.mode_key(scope(at), "pgpt1-reference"))
+    assert box.label == "Mode: pgpt1-reference" and box.value is False
+    box.check().run()
+    ok(at)
+    assert "`mode pgpt1-reference` (pgpt-1 as the authors evaluated it" in caption_with(at, "Ablation:")
+    assert _mean_kl(at) > 0
+    pick(at, BY_FAMILY["moep"].name)  # another family offers no such mode
+    assert not any(K.mode_key(scope(at), "pgpt1-reference") == c.key for c in at.checkbox)
+
+
 def test_export_csv_has_the_documented_header(downloads):
     at = view(fresh(), "Export")
     ok(at)

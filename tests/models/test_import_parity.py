@@ -91,6 +91,31 @@ def test_pgpt_dropping_a_path_gives_the_single_path_logits():
     assert math.isclose(float(tr["mixer.weights"][0]), float(io["mix_weight"][0]), rel_tol=4 * EPS32)
 
 
+def test_pgpt1_reference_mode_is_the_authors_evaluation():
+    """The authors' pgpt-1 (models.py forward(train=False), Table 4): the path with sigmoid(wt) >= 0.5
+    (else the other) straight to lm_head, no ln_f. Expected: the fixture's own recorded path output
+    times the stored lm_head weight."""
+    cfg, model = _load("pgpt")
+    io = load_file(FIXTURES / "pgpt" / "io.safetensors")
+    sd = load_file(FIXTURES / "pgpt" / "weights.safetensors")
+    w = float(torch.sigmoid(sd["transformer.wt"]))
+    assert math.isclose(w, float(io["mix_weight"][0]), rel_tol=4 * EPS32)
+    chosen = 0 if w >= 0.5 else 1
+    expect = io[f"path.{chosen}"].double() @ sd["lm_head.weight"].double().T  # (B, T, V)
+    mode = Ablation(modes=("pgpt1-reference",))
+    with torch.no_grad(), tracing(["mixer.weights"]) as tr:
+        logits = model(io["input_ids"], ablation=mode).logits
+    assert_parity(logits, expect.float(), "authors' pgpt-1")
+    assert tr["mixer.weights"].tolist() == [1.0 if j == chosen else 0.0 for j in range(2)]  # one path, weight 1
+    with torch.no_grad():  # the default pgpt-1 applies ln_f: it is another model
+        default = model(io["input_ids"], ablation=Ablation(drop=(("paths", 1 - chosen),))).logits
+    assert (default - logits).abs().max() > 1e-2 * logits.abs().max()
+    assert_parity(default, io[f"logits_path{chosen}_only"], "default pgpt-1")
+    with torch.no_grad():  # dropping the higher-weight path leaves the mode the other one
+        other = model(io["input_ids"], ablation=Ablation(drop=(("paths", chosen),), modes=mode.modes)).logits
+    assert_parity(other, (io[f"path.{1 - chosen}"].double() @ sd["lm_head.weight"].double().T).float(), "other path")
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_independent_forward_agrees_with_fixture(name):
     """The test-side forward used below for other configs is itself right on the fixtures."""

@@ -47,6 +47,28 @@ def test_pgpt_dropped_path_is_not_computed_and_weights_renormalise():
     torch.testing.assert_close(w[[0, 2]], full[[0, 2]] / full[[0, 2]].sum())
 
 
+@pytest.mark.parametrize("key", ["pgpt", "pgpt3", "pgpt_sigmoid"])
+def test_pgpt1_reference_mode_runs_the_heaviest_path_without_ln_f(key):
+    model = tiny_model(key)
+    idx = torch.randint(0, 97, (2, 10))
+    mode = Ablation.parse(modes=["pgpt1-reference"])
+    full = model.mixer.full().detach()
+    j = int(torch.argmax(full))  # the first of equal maxima
+    with count_calls(model.paths[1 - j if j < 2 else 0].blocks[0]) as calls, torch.no_grad():
+        got = model(idx, ablation=mode).logits
+        alone = model.head(model.paths[j](model.embed(idx)))  # no ln_f
+    assert calls == []  # the other paths never run
+    assert_close_to_scale(got, alone, FORWARD_EPS, msg=f"path {j} without ln_f")
+    assert mode.describe() == "mode pgpt1-reference" and not mode.is_empty
+
+
+def test_an_ablation_mode_the_model_lacks_is_named():
+    with pytest.raises(AblationError, match="mode 'pgpt1-reference': not an ablation mode of this model"):
+        tiny_model("moep")(torch.randint(0, 97, (1, 4)), ablation=Ablation.parse(modes=["pgpt1-reference"]))
+    with pytest.raises(AblationError, match="modes: pgpt1-reference"):
+        tiny_model("pgpt")(torch.randint(0, 97, (1, 4)), ablation=Ablation.parse(modes=["pgpt-2"]))
+
+
 def test_forced_gumbel_route_is_the_one_used():
     model = tiny_model("gumbel_v1")
     idx = torch.randint(0, 97, (2, 12))
