@@ -52,7 +52,9 @@ checkpoint's `training.json`.
 ✓ when both are within {GOAL:.0%} (the goal of issue 12, on the same validation tokens). Models may
 train for more steps than {BASELINE} to get there: the tokens column says how many each saw. At
 equal training tokens the picture differs (GPT-2-style blocks learn slower here than {BASELINE}'s):
-`experiments/parallel-quality.md`.
+`experiments/parallel-quality.md`. {BASELINE} and pagmlp train the same way (300 steps, seed 0, dropout 0.1 on
+every block's FFN output, as PAGMLP §4 trains PAGMLP and its SwiGLU baseline); the other models train
+without dropout.
 
 | checkpoint | family | val loss story | val loss math | vs {BASELINE} | params | active/token | steps | tokens | minutes | note | routing report |
 |---|---|---|---|---|---|---|---|---|---|---|---|
