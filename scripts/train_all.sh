@@ -59,8 +59,10 @@ for comb in share_linear gumbel_v1 gumbel_v2; do
     rm -rf "$OUT/.composed-$comb"
   fi
 done
-train llama-dense llama-dense story=0.5,math=0.5 300
-train pagmlp pagmlp story=0.5,math=0.5 300
+# PAGMLP and its SwiGLU baseline train the same way (PAGMLP §4: dropout 0.1 in both, set by the presets):
+# the same steps and seed, and no time cap, so that neither stops earlier than the other
+train llama-dense llama-dense story=0.5,math=0.5 300 --max-minutes 0
+train pagmlp pagmlp story=0.5,math=0.5 300 --max-minutes 0
 # GPT-2-style blocks (learned positions, LayerNorm, GELU: pgpt, moep) need more steps than llama-dense's
 # RoPE blocks to reach its loss here (checkpoints/experiments/parallel-quality.md); wiola too
 long=(--max-minutes "${MAX_MINUTES:-90}")
