@@ -17,12 +17,20 @@ layer grows it d' -> d (the reference's `out_linear`).
 
 Combiners: `share_linear` (linear over the concatenated path outputs), `gumbel_v1` (router reads the
 combined representation), `gumbel_v2` (router reads the concatenation). Gumbel output is
-sum_i pi_i f_i(x) + pi_comb x_comb, with pi a hard one-hot (straight-through while training).
+sum_i pi_i f_i(x) + pi_comb x_comb (eqs. 3, 7), with pi a hard one-hot (straight-through while
+training). At inference the route is the noise-free argmax (§5.4.1) unless the call asks for
+`routing="sampled"`, the reference code's seeded Gumbel draw.
+
+Blocks: the presets' are LLaMA blocks (§3.1: RMSNorm, SwiGLU, RoPE, attention output projection);
+`attn_out_proj=False, swiglu_beta=True, rope="interleaved", norm_eps=1e-5` give the reference code's
+block, which the paper-scale entries (paper_configs.py) and the importer use.
 
 Auxiliary terms (Gumbel, training; routers.GumbelRouter): on the Gumbel-softmax pi of eqs. 8-9,
 per layer -mean_t H(pi_t) (soft per-token routing, the paper's stated aim and the reference's
 `entropy_loss = -mean(entropy)`) and -H(mean_t pi_t) (balanced use: the stated intent; the
-reference code adds +H(mean), which would reward imbalance). Each is recorded at
+reference code adds +H(mean), which would reward imbalance). Eqs. 8-9 as printed are +mean_t H and
++H(mean), added with +lambda (eq. 10): they would sharpen routing and reward imbalance, against the
+text's aims; ours are their negatives, over all k + 1 options of pi (eqs. 8-9 sum over the k paths). Each is recorded at
 `parallel.{i}.router.aux.entropy` / `.aux.balance` and summed over layers with weight aux_lambda
 (the balance term: balance_lambda when set). Optional, not in the paper: ST-MoE's router z-loss
 (`z_lambda` > 0, site `.aux.z`) and a supervised router warm-up, the cross-entropy of the router

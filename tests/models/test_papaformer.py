@@ -62,6 +62,28 @@ def test_aux_terms_recomputed_from_recorded_pi(key):
     assert math.isclose(out.aux_loss.item(), lam * (ent_sum + bal_sum), rel_tol=1e-5)
 
 
+@pytest.mark.parametrize("key", ["gumbel_v1", "gumbel_v2"])
+def test_aux_terms_are_eqs_8_9_as_printed_with_the_sign_flipped_over_k_plus_1_options(key):
+    """Eq. 8 as printed, -(1/N) sum_b,t sum_i pi log pi, and eq. 9, -sum_i pibar_i log pibar_i, are
+    entropies: added with +lambda (eq. 10) they would sharpen routing and reward imbalance. Ours are
+    their negatives (the text's stated aims), summed over all k + 1 options of pi, not eqs. 8-9's k."""
+    model = tiny_model(key).train()
+    k = model.config.n_paths
+    with tracing() as tr:
+        model(_ids(1), generator=torch.Generator().manual_seed(5))
+    pi = tr["parallel.0.router.pi"].double()  # (B, T, k + 1)
+    B, T, n = pi.shape
+    assert n == k + 1
+    eq8 = sum(-float(pi[b, t, i] * torch.log(pi[b, t, i] + 1e-8)) for b in range(B) for t in range(T)
+              for i in range(n)) / (B * T)
+    pibar = [float(pi[..., i].mean()) for i in range(n)]
+    eq9 = -sum(p * math.log(p + 1e-8) for p in pibar)
+    assert math.isclose(float(tr["parallel.0.router.aux.entropy"]), -eq8, rel_tol=1e-5)
+    assert math.isclose(float(tr["parallel.0.router.aux.balance"]), -eq9, rel_tol=1e-5)
+    eq9_k = -sum(p * math.log(p + 1e-8) for p in pibar[:k])  # the printed sum over the k paths only
+    assert not math.isclose(eq9_k, eq9, rel_tol=1e-3)  # the combined option's share counts in ours
+
+
 def _routing_entropies(model, ids):
     """(sum over layers of mean per-token H(pi), sum of H(mean usage)) with fixed Gumbel noise."""
     with tracing() as tr:
