@@ -17,14 +17,16 @@ so its cache stays complete. The shrink/grow layers change width and have no res
 
 Choices where the paper is ambiguous or self-contradictory (each is a row of the README's
 deviations table):
-- Parallel layer = the routed blocks' outputs summed with the renormalised weights, as the paper
-  writes it. Each block already carries its own residual (x + attn + ffn), so the layer adds none:
-  with weights summing to 1 and zeroed blocks the layer is the identity (an extra "x +" would
-  double the stream per layer, 2^N at the paper's N = 10).
+- Parallel layer = the routed blocks' outputs summed, each weighted by its top-k probability
+  renormalised over the selected blocks (§3.3 says only "summed up together": an unweighted sum
+  would give the routers no gradient from the LM loss). Each block already carries its own residual
+  (x + attn + ffn), so the layer adds none: with weights summing to 1 and zeroed blocks the layer is
+  the identity (an extra "x +", or an unweighted sum of k blocks, would grow the stream per layer,
+  2^N at the paper's N = 10). The shrink / grow experts are weighted the same way.
 - Balance loss ("balance" = "entropy", the default): eq. 2's entropy of the batch-mean routing
   distribution p_mean (noise-free softmax over all n options, mean over tokens). Read literally
-  (+lambda * H added to the loss) minimising it would favour collapse, against the paper's stated
-  aim of balanced use of paths/experts; we follow the stated intent: each router adds
+  (+lambda * H added to the loss, eq. 3) minimising it would favour collapse, against §3.4's stated
+  aim of avoiding it; we follow the stated intent: each router adds
   lambda * (log n - H(p_mean)), the entropy with the sign the intent needs, shifted by the constant
   log n so the term is 0 exactly at balanced use (the shift changes no gradient). "switch" offers the
   Switch Transformer term n * sum_i f_i * P_i (f_i: share of the token's k selections that went to
