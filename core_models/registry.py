@@ -54,7 +54,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "moep": ("moep", dict(expert="linear")),
     "moep-swiglu": ("moep", dict(expert="swiglu", ffn="swiglu")),  # MoEP Table 2: SwiGLU blocks and experts
     # tau 0.6, not the paper's 0.92: at d = 128 adjacent cosines rarely pass 0.92 (0.03% of pairs), and
-    # trained with merges at 0.6 the model saves 6% of attention FLOPs per ATM layer (2% of the whole model) at no loss (experiments/atm-merging.md)
+    # trained with merges at 0.6 the model saves 6% of attention FLOPs per ATM layer (2% of the whole model)
+    # at no loss (experiments/atm-merging.md)
     "wiola-tiny": ("wiola", dict(atm_tau=0.6)),
     # standard MoE models trained with transformers' own classes, at moep's active parameters per token
     # (d = 128, 4 layers, 4 heads, context 256, tied embeddings): a Mixtral-style model (4 experts, top-2)
