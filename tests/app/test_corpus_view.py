@@ -211,3 +211,29 @@ def test_page_html_is_offline_and_holds_every_table(tmp_path):
     assert doc["tables"]["utilisation"] == json.loads(tables["utilisation"].to_json(orient="records"))
     for view in tables:
         assert f'<h2 id="{view}">' in text
+
+
+def test_route_grid_cells_are_the_runs_choices():
+    """The Routing view's HTML grid: one cell per layer and token of each choice view, coloured by
+    the option the run's view selected there (white: none)."""
+    import re
+
+    from routescope.app.components.figures import PALETTE
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    grid = next(h.proto.body for h in at.get("html") if "rs-grid" in h.proto.body)
+    rows = re.findall(r'<tr><th class="rs-layer">([^<]*)</th>(.*?)</tr>', grid)
+    colours = [re.findall(r'background:(#[0-9A-Fa-f]{6})', cells) for _, cells in rows]
+    path = at.selectbox(key=K.CHECKPOINT).value
+    model, tok = load_checkpoint(path)
+    import routescope as rs
+    run = rs.run(model, tok, at.text_area(key=K.PROMPT).value, max_new_tokens=at.slider(key=K.MAX_NEW).value)
+    g = run.views["gumbel_routes"].frame
+    layers = list(dict.fromkeys(g["layer"]))
+    T = len(run.tokens)
+    for i, layer in enumerate(layers):
+        sel = g[(g["layer"] == layer) & g["selected"]].set_index("position")["option"]
+        want = [PALETTE[int(sel[t])] if t in sel.index else "#FFFFFF" for t in range(T)]
+        assert rows[i][0] == layer and colours[i] == want
+    assert len(rows) == len(layers) + len(set(run.views["cosine_dominance"].frame["layer"]))
