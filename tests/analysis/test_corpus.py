@@ -32,7 +32,7 @@ def _batches(seed: int = 0, n_batches: int = 4, B: int = 5, T: int = 7, k: int =
     """Random batches: routes 0..n_l (0 undefined) with top-k picks consistent with them, and
     garbage (non-zero routes, ids) at padded positions so a count that reads them is caught."""
     rng = np.random.default_rng(seed)
-    L, n = len(LAYERS), max(N_OPTIONS)
+    L = len(LAYERS)
     out = []
     for _ in range(n_batches):
         lengths = rng.integers(1, T + 1, size=B)

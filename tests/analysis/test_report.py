@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from routescope.analysis import corpus as S
 from routescope.analysis import domain as D
 from routescope.analysis import report as R
 from routescope.analysis.families import route_reader

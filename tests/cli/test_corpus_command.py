@@ -39,7 +39,7 @@ def test_tables_page_and_comparison(tmp_path, capsys):
                      "--out", out, "--min-count", "1", "--intended", "domain:story=0,math=1", "--quiet",
                      "--max-tokens", "32"], capsys)
     assert code == 0, err
-    assert err.startswith(f"wrote ") and err.count("\n") == 1
+    assert err.startswith("wrote ") and err.count("\n") == 1
     corpus = D.load_corpus(data)
     want = {}
     for name in ("papaformer-gumbel-v1", "papaformer-gumbel-v2"):
