@@ -26,8 +26,8 @@ only, so memory does not grow with the number of prompts. The reductions:
   both, and P(b at j | a at i).
 
 Families without per-token routes (ParallelGPT's learned mix, PAGMLP's alpha/beta, Wiola's gates)
-feed `ValueStats` with the rows their family table exports (`families.FamilyAnalysis.export`):
-`call_values` gives, per label value, layer, kind and option, the mean / std / min / max of the
+feed `corpus_values.ValueStats` with the rows their family table exports
+(`families.FamilyAnalysis.export`): `corpus_values.call_values` gives, per label value, layer, kind and option, the mean / std / min / max of the
 value over tokens ("per token" rows) or over prompts ("per call" rows) and the share of rows in
 which the option was selected.
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -72,7 +72,7 @@ EXPECTED_PATH, EXPECTED_OPTION = C.EXPECTED_PATH, "expected_option"
 class Layout:
     """What a model's corpus statistics are over: its routing layers, each one's option count and
     labels (0-based options), the top-k picks recorded per token (1: first choices only), and the
-    dataset's label columns. `routes` False: per-call values only (`ValueStats`)."""
+    dataset's label columns. `routes` False: per-call values only (`corpus_values.ValueStats`)."""
 
     layers: tuple[str, ...]
     n_options: tuple[int, ...]
@@ -224,67 +224,6 @@ class RouteStats:
             self.spec[by].add(lr * V + t)
 
 
-class ValueStats:
-    """Running sums of a family's exported rows (kind, option, value, selected per token or per
-    call) over a corpus, per label value, for families without per-token routes."""
-
-    def __init__(self, layout: Layout) -> None:
-        self.layout = layout
-        self.n_rows = self.n_tokens = 0
-        self.sums: dict[tuple, np.ndarray] = {}  # key -> [n, mean, m2, min, max, n_selected, n_with_selected]
-        self.label_rows: dict[tuple[str, str], int] = {}
-
-    def add(self, rows: pd.DataFrame, lengths: Sequence[int], labels: Sequence[Sequence[str]] = ()) -> None:
-        """rows: the family's export rows of one batch (batch, position (-1 per call), layer, kind,
-        option, value, selected); lengths (B,) real tokens per row: rows at padded positions are
-        dropped."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        self.n_rows += len(lengths)
-        self.n_tokens += int(lengths.sum())
-        for c, values in zip(self.layout.label_columns, labels):
-            for v in values:
-                self.label_rows[(c, v)] = self.label_rows.get((c, v), 0) + 1
-        if not len(rows):
-            return
-        pos = pd.to_numeric(rows[C.POSITION], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
-        b = rows[C.BATCH].to_numpy(dtype=np.int64)
-        keep = (pos < 0) | (pos < lengths[b])
-        pos, b = pos[keep], b[keep]
-        sel = rows[C.SELECTED].to_numpy(dtype=object)[keep]
-        df = pd.DataFrame({
-            C.LAYER: rows[C.LAYER].to_numpy()[keep], KIND: rows[C.KIND].to_numpy()[keep],
-            C.OPTION: pd.to_numeric(rows[C.OPTION], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)[keep],
-            SCOPE: np.where(pos < 0, "per call", "per token"),
-            C.VALUE: rows[C.VALUE].to_numpy(dtype=np.float64)[keep],
-            "_sel": np.array([s is True or s is np.True_ for s in sel], dtype=np.float64),
-            "_has_sel": np.array([not (s is None or s is pd.NA) for s in sel], dtype=np.float64)})
-        groups = [(ALL, np.full(len(df), ALL, dtype=object))]
-        groups += [(c, np.asarray(values, dtype=object)[b]) for c, values in zip(self.layout.label_columns, labels)]
-        for column, per_row in groups:
-            g = df.assign(_v=per_row).groupby(["_v", C.LAYER, KIND, C.OPTION, SCOPE], sort=False)
-            agg = pd.DataFrame({"n": g.size(), "mean": g[C.VALUE].mean(), "m2": g[C.VALUE].var(ddof=0) * g.size(),
-                                "lo": g[C.VALUE].min(), "hi": g[C.VALUE].max(), "sel": g["_sel"].sum(),
-                                "has": g["_has_sel"].sum()})
-            for key, row in zip(agg.index, agg.to_numpy(dtype=np.float64)):
-                self._merge((column, *key), row)
-
-    def _merge(self, key: tuple, row: np.ndarray) -> None:
-        """Fold one batch's [n, mean, m2, min, max, selected, with selected] into the running ones
-        (Chan et al.'s pairwise update: no cancellation for a constant value)."""
-        old = self.sums.get(key)
-        if old is None:
-            self.sums[key] = row.copy()
-            return
-        n_a, n_b = old[0], row[0]
-        n = n_a + n_b
-        delta = row[1] - old[1]
-        old[2] += row[2] + delta * delta * n_a * n_b / n
-        old[1] += delta * n_b / n
-        old[0] = n
-        old[3], old[4] = min(old[3], row[3]), max(old[4], row[4])
-        old[5:] += row[5:]
-
-
 # --- reductions: route statistics --------------------------------------------------------------------
 
 def _label(layout: Layout, l: int, o: int) -> str:
@@ -361,8 +300,8 @@ def parse_intended(specs: Sequence[str]) -> dict[str, dict[str, int]]:
     return out
 
 
-def label_values(stats: RouteStats | ValueStats) -> dict[str, list[str]]:
-    """Label column -> its values in order of appearance."""
+def label_values(stats: Any) -> dict[str, list[str]]:
+    """Label column -> its values in order of appearance (`RouteStats`, or `corpus_values.ValueStats`)."""
     if isinstance(stats, RouteStats):
         return {c: list(ix.values) for c, ix in zip(stats.layout.label_columns, stats.label_index)}
     out: dict[str, list[str]] = {c: [] for c in stats.layout.label_columns}
@@ -500,25 +439,6 @@ def co_routing(stats: RouteStats) -> pd.DataFrame:
                              c / both if both else math.nan, c / row_tot[a] if row_tot[a] else math.nan))
     return pd.DataFrame(rows, columns=[LAYER_A, C.OPTION_A, LABEL_A, LAYER_B, C.OPTION_B, LABEL_B, C.COUNT, C.SHARE,
                                        P_B_GIVEN_A])
-
-
-# --- reductions: per-call values ---------------------------------------------------------------------
-
-def call_values(stats: ValueStats) -> pd.DataFrame:
-    """Per label column and value (ALL: every row), layer, kind, option and scope (per token / per
-    call): rows counted, mean, std (population), min, max of the value and the share of rows where
-    the option was selected (NaN where the kind selects nothing)."""
-    lay = stats.layout
-    labels = dict(zip(lay.layers, lay.labels))
-    rows = []
-    for (column, value, layer, kind, option, scope), (n, mean, m2, lo, hi, sel, has) in stats.sums.items():
-        names = labels.get(layer, ())
-        rows.append((column, value, layer, kind, pd.NA if option < 0 else int(option),
-                     names[option] if 0 <= option < len(names) else "", scope, int(n), mean,
-                     math.sqrt(max(m2, 0.0) / n), lo, hi, sel / has if has else math.nan))
-    df = pd.DataFrame(rows, columns=[LABEL_COLUMN, LABEL_VALUE, C.LAYER, KIND, C.OPTION, C.LABEL, SCOPE, N, MEAN, STD,
-                                     MIN, MAX, SELECTED_SHARE])
-    return df.astype({C.OPTION: "Int64"})
 
 
 # --- comparison --------------------------------------------------------------------------------------

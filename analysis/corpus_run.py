@@ -30,6 +30,7 @@ import torch
 from routescope.core_models.runtime import tracing
 
 from . import corpus as S
+from . import corpus_values as V
 from .corpus_data import CorpusData, CorpusRow
 from .families import RunViews, family_analysis, route_reader, views_of
 
@@ -59,7 +60,7 @@ class CorpusResult:
     dataset: str
     digest: str
     layout: S.Layout
-    stats: S.RouteStats | S.ValueStats
+    stats: S.RouteStats | V.ValueStats
     settings: CorpusSettings
     seconds: float
     description: str
@@ -78,8 +79,8 @@ class CorpusResult:
                intended: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, pd.DataFrame]:
         """Every table of the statistics by name (the CLI's file names, the view's sections)."""
         out = {"summary": self.summary()}
-        if isinstance(self.stats, S.ValueStats):
-            out["call_values"] = S.call_values(self.stats)
+        if isinstance(self.stats, V.ValueStats):
+            out["call_values"] = V.call_values(self.stats)
             return out
         want = self.intended(intended)
         S.check_intended(want, self.layout)
@@ -173,7 +174,7 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
     reader = route_reader(model) if layout.routes else None
     limit = min(settings.max_tokens or model.context, model.context)
     pad = max(0, getattr(model.config, "pad_id", 0) or 0)
-    stats: S.RouteStats | S.ValueStats | None = None if layout.routes else S.ValueStats(layout)
+    stats: S.RouteStats | V.ValueStats | None = None if layout.routes else V.ValueStats(layout)
     notes: list[str] = list(data.notes)
     done = 0
     for chunk in _chunks(iter(data), settings.chunk_size):

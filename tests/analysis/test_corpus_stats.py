@@ -15,6 +15,7 @@ import torch
 from routescope.analysis import corpus as S
 from routescope.analysis import corpus_data as D
 from routescope.analysis import corpus_run as R
+from routescope.analysis import corpus_values as V
 from routescope.analysis import domain as DOM
 from routescope.analysis.families import route_reader
 from routescope.analysis.table import ExportMeta, RowMeta, routing_table
@@ -246,7 +247,7 @@ def test_sparse_counts_equal_dense_counts(monkeypatch, data):
 def test_value_stats_equal_plain_sums():
     rng = random.Random(0)
     layout = S.Layout(("paths", "blocks.0.ffn"), (2, 2), (("p0", "p1"), ("s", "g")), 1, ("domain",), routes=False)
-    st = S.ValueStats(layout)
+    st = V.ValueStats(layout)
     rows_seen = []
     for _ in range(3):
         B = 4
@@ -266,7 +267,7 @@ def test_value_stats_equal_plain_sums():
         df["option"] = df["option"].astype("Int64")
         st.add(df, lengths, labels)
         rows_seen += [(r, lengths[r[0]], labels[0][r[0]]) for r in recs]
-    got = S.call_values(st).set_index(["label_column", "label_value", "layer", "kind", "option", "scope"])
+    got = V.call_values(st).set_index(["label_column", "label_value", "layer", "kind", "option", "scope"])
     groups: dict[tuple, list] = {}
     for (b, t, layer, kind, o, v, sel), n, dom in rows_seen:
         if t >= n:
