@@ -18,17 +18,18 @@ only, so memory does not grow with the number of prompts. The reductions:
   routes that take it, per layer and over all layers, per value and over every mapped value.
 - `specialisation`: per layer and option, the tokens (input token, or the model's predicted next
   token) most over-represented among the tokens whose first choice it is: count a, the token's
-  count n_t, the share a / n_t of its occurrences routed there, lift = (a / n_t) / (n_o / N), and Dunning's log-likelihood ratio G2 of the 2x2 table
-  (token or not, option or not) with its chi-square (1 dof) p-value; over-represented tokens
-  (a > n_t n_o / N) seen at least `min_count` times, by G2.
+  count n_t, the share a / n_t of its occurrences routed there, lift = (a / n_t) / (n_o / N), and
+  Dunning's log-likelihood ratio G2 of the 2x2 table (token or not, option or not) with its
+  chi-square (1 dof) p-value; over-represented tokens (a > n_t n_o / N) seen at least `min_count`
+  times, by G2.
 - `co_routing`: per pair of layers i < j (every pair up to MAX_ALL_PAIRS layers, adjacent pairs
   beyond) and options a, b: tokens taking a at i and b at j, their share of the tokens defined at
   both, and P(b at j | a at i).
 
 Families without per-token routes (ParallelGPT's learned mix, PAGMLP's alpha/beta, Wiola's gates)
 feed `corpus_values.ValueStats` with the rows their family table exports
-(`families.FamilyAnalysis.export`): `corpus_values.call_values` gives, per label value, layer, kind and option, the mean / std / min / max of the
-value over tokens ("per token" rows) or over prompts ("per call" rows) and the share of rows in
+(`families.FamilyAnalysis.export`): `corpus_values.call_values` gives, per label value, layer,
+kind and option, the mean / std / min / max of the value over tokens ("per token" rows) or over prompts ("per call" rows) and the share of rows in
 which the option was selected.
 
 `comparable` says why two models' statistics cannot be set side by side; `compare_tables` merges
@@ -57,7 +58,7 @@ DENSE_MAX = 2**21  # keys: counted in a dense array up to this many, sparsely be
 LABEL_COLUMN, LABEL_VALUE, READING = "label_column", "label_value", "reading"
 TOKENS, TOKEN_SHARE, FIRST, FIRST_SHARE, SLOTS, SLOT_SHARE = "tokens", "token_share", "first", "first_share", "slots", \
     "slot_share"
-UNIFORM, DEAD, OVERLOADED, N = "uniform", "dead", "overloaded", "n"
+UNIFORM, DEAD, OVERLOADED, N, ROUTED = "uniform", "dead", "overloaded", "n", "routed"
 INTENDED, ACCURACY = "intended", "accuracy"
 BY, RANK, TOKEN_COUNT, OF_TOKEN, OPTION_SHARE, LIFT, G2, P_VALUE = "by", "rank", "token_count", "share_of_token", \
     "option_share", "lift", "g2", "p_value"
@@ -72,7 +73,9 @@ EXPECTED_PATH, EXPECTED_OPTION = C.EXPECTED_PATH, "expected_option"
 class Layout:
     """What a model's corpus statistics are over: its routing layers, each one's option count and
     labels (0-based options), the top-k picks recorded per token (1: first choices only), and the
-    dataset's label columns. `routes` False: per-call values only (`corpus_values.ValueStats`)."""
+    dataset's label columns. `routes` False: per-call values only (`corpus_values.ValueStats`).
+    `routed`: per layer, the options its router picks among (the first ones; a shared expert after
+    them runs for every token); None: every option."""
 
     layers: tuple[str, ...]
     n_options: tuple[int, ...]
@@ -80,6 +83,10 @@ class Layout:
     k: int
     label_columns: tuple[str, ...]
     routes: bool = True
+    routed: tuple[int, ...] | None = None
+
+    def n_routed(self, l: int) -> int:
+        return self.n_options[l] if self.routed is None else self.routed[l]
 
     @property
     def n(self) -> int:
@@ -233,23 +240,28 @@ def _label(layout: Layout, l: int, o: int) -> str:
 
 def utilisation(stats: RouteStats) -> pd.DataFrame:
     """Per layer and option: token, first-choice and top-k slot counts and shares, the uniform
-    share and the dead / overloaded flags (module doc)."""
+    share and the dead / overloaded flags (module doc). The uniform share is over the options a
+    router picks among (`Layout.routed`); an option it never picks because it runs for every token
+    (a shared expert) has `routed` False, no shares and no flags."""
     lay = stats.layout
     rows = []
     for l, layer in enumerate(lay.layers):
-        n_l = lay.n_options[l]
+        n_l, r_l = lay.n_options[l], lay.n_routed(l)
         defined = int(stats.first[l, 1:].sum())
         slots_total = int(stats.slots[l, 1:n_l + 1].sum())
-        uniform = 1.0 / n_l
+        uniform = 1.0 / r_l
         for o in range(n_l):
             tokens, first = int(stats.slots[l, o + 1]), int(stats.first[l, o + 1])
-            slot_share = tokens / slots_total if slots_total else math.nan
-            rows.append((layer, o, _label(lay, l, o), defined, tokens, tokens / defined if defined else math.nan,
-                         first, first / defined if defined else math.nan, tokens, slot_share, uniform,
-                         bool(slots_total and slot_share < DEAD_FRACTION * uniform),
-                         bool(slots_total and slot_share > OVERLOAD_FACTOR * uniform)))
-    return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION, C.LABEL, C.N_TOKENS, TOKENS, TOKEN_SHARE, FIRST, FIRST_SHARE,
-                                       SLOTS, SLOT_SHARE, UNIFORM, DEAD, OVERLOADED])
+            routed = o < r_l
+            slot_share = tokens / slots_total if slots_total and routed else math.nan
+            rows.append((layer, o, _label(lay, l, o), routed, defined, tokens,
+                         tokens / defined if defined and routed else math.nan, first,
+                         first / defined if defined and routed else math.nan, tokens, slot_share,
+                         uniform if routed else math.nan,
+                         bool(routed and slots_total and slot_share < DEAD_FRACTION * uniform),
+                         bool(routed and slots_total and slot_share > OVERLOAD_FACTOR * uniform)))
+    return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION, C.LABEL, ROUTED, C.N_TOKENS, TOKENS, TOKEN_SHARE, FIRST,
+                                       FIRST_SHARE, SLOTS, SLOT_SHARE, UNIFORM, DEAD, OVERLOADED])
 
 
 def label_shares(stats: RouteStats) -> pd.DataFrame:

@@ -17,6 +17,7 @@ read-only results.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
@@ -138,7 +139,7 @@ def layout_of(model: Any, label_columns: Sequence[str]) -> S.Layout:
     counts = model.routing_layers()
     n = [counts.get(l, len(reader.labels)) for l in reader.layers]
     names = [tuple(labels.get(l, reader.labels[:k])) for l, k in zip(reader.layers, n)]
-    return S.Layout(tuple(reader.layers), tuple(n), tuple(names), 1, tuple(label_columns))
+    return S.Layout(tuple(reader.layers), tuple(n), tuple(names), 1, tuple(label_columns), routed=reader.routed)
 
 
 def _encode(tok: Any, texts: list[str]) -> list[list[int]]:
@@ -198,7 +199,7 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
                 topk = reader.topk(tr) if reader.topk is not None else None
                 if stats is None:
                     k = topk.shape[-1] if topk is not None else 1
-                    layout = S.Layout(layout.layers, layout.n_options, layout.labels, k, layout.label_columns)
+                    layout = dataclasses.replace(layout, k=k)
                     stats = S.RouteStats(layout, int(out.logits.shape[-1]))
                 stats.add(routes, lengths, input_ids=x.cpu().numpy(), predicted=out.logits.argmax(-1).cpu().numpy(),
                           topk=topk, labels=labels)

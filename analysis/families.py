@@ -77,7 +77,9 @@ class RouteReader:
     to trace, and `routes(trace)` -> (L, B, T) 1-based routes, 0 where undefined. `table6`: the
     PaPaformer paper's Table 6 probes apply (expected path r = route r). `topk(trace)`, for
     families whose layers pick several options per token: (L, B, T, k) 1-based picks best first,
-    0 where undefined or where a layer picks fewer than k (its `sites` are among `sites`)."""
+    0 where undefined or where a layer picks fewer than k (its `sites` are among `sites`).
+    `routed`: per layer, how many of its options (the first ones) its router picks among; later
+    ones run for every token (a shared expert). None: every option is routed."""
 
     layers: list[str]
     labels: list[str]
@@ -86,6 +88,7 @@ class RouteReader:
     description: str  # for pages: the model and how a route is read
     table6: bool = False
     topk: Callable[[Any], np.ndarray] | None = None
+    routed: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,9 @@ def _topk_reader(router: str, describe: Callable[[RouteScopeLM], str]) -> Callab
             return np.stack([np.pad(i, [(0, 0)] * (i.ndim - 1) + [(0, k - i.shape[-1])]) for i in idx])
 
         sites = [site_name(l, router, s) for l in layers for s in ("indices", "weights")]
-        return RouteReader(layers, labels, sites, routes, describe(model), topk=topk)
+        mods = [model.routing_modules[l] for l in layers]
+        routed = tuple(m.n_options - int(bool(getattr(m, "shared", False))) for m in mods)  # HF shared experts: no pick
+        return RouteReader(layers, labels, sites, routes, describe(model), topk=topk, routed=routed)
     return reader
 
 

@@ -1,0 +1,61 @@
+"""Corpus statistics of Hugging Face MoE models: read through the family's route reader like any
+other (no family branch), every top-k pick counted, equal to each prompt run alone."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from routescope.analysis import corpus as S
+from routescope.analysis import corpus_data as D
+from routescope.analysis.corpus_run import CorpusSettings, run_corpus
+from routescope.analysis.families import route_reader
+from routescope.core_models import tracing
+from routescope.core_models.checkpoint import load_checkpoint
+from tolerances import EPS32, FORWARD_EPS
+
+pytest.importorskip("transformers")
+from hf_models import hf_model, save_hf  # noqa: E402
+
+TEXTS = ["Once upon a time, there was a little girl named Lily.", "She loved playing with her toys.",
+         "Solve this problem: 1 + 1 = 2.", "Find the largest prime.", "One day a little boy went to the park.",
+         "from sympy import sqrt", "Evaluate the sum and simplify.", "Lily"]
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
+def test_hf_moe_corpus_counts_every_pick(model_type, tokenizer, tmp_path):
+    hf = hf_model(model_type, tokenizer.get_vocab_size())
+    path = save_hf(hf, tmp_path / model_type, tokenizer)
+    model, tok = load_checkpoint(path)
+    reader = route_reader(model)
+    rows = [D.CorpusRow(str(i), t, ("story" if i % 2 else "math",)) for i, t in enumerate(TEXTS)]
+    res = run_corpus(model, tok, D.rows_corpus("hf", rows, ["domain"]), name=model_type,
+                     settings=CorpusSettings(batch_size=3))
+    k = hf.config.num_experts_per_tok
+    assert res.layout.routes and res.layout.layers == tuple(reader.layers) and res.layout.k == k
+    u = S.utilisation(res.stats)
+    sums = u[u["routed"]].groupby("layer")[["token_share", "slot_share"]].sum()
+    assert np.allclose(sums["token_share"], k) and np.allclose(sums["slot_share"], 1.0)
+    shared = u[~u["routed"]]  # Qwen2-MoE's shared expert runs for every token: no router pick, no flag
+    assert list(shared["label"]) == (["shared expert"] * 2 if model_type == "qwen2_moe" else [])
+    assert not shared["dead"].any() and (shared["slots"] == 0).all()
+    routed_n = u[u["routed"]].groupby("layer")["option"].count()
+    assert np.allclose(u[u["routed"]]["uniform"], 1 / routed_n[u[u["routed"]]["layer"]].to_numpy())
+    slots, clear = Counter(), True
+    for text in TEXTS:
+        with torch.inference_mode(), tracing() as tr:
+            model(torch.tensor([tok.encode(text).ids]))
+        picks = reader.topk(tr)  # (L, 1, T, k), the recorded router indices
+        for l, layer in enumerate(reader.layers):
+            slots.update((layer, int(p) - 1) for p in picks[l].ravel() if p)
+            probs = next((tr[n] for n in tr.names() if n.startswith(layer + ".") and n.endswith("probs")), None)
+            if probs is not None:
+                top = probs.double().topk(k + 1, -1).values
+                clear &= bool(((top[..., k - 1] - top[..., k]) > FORWARD_EPS * EPS32).all())
+    got = {(r.layer, r.option): r.slots for r in u.itertuples()}
+    if clear:
+        assert got == {key: slots.get(key, 0) for key in got}
+    else:  # a pick within float noise may differ between a padded batch and a prompt alone
+        assert sum(got.values()) == sum(slots.values())
