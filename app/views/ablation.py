@@ -23,13 +23,17 @@ ALL = "all options"  # "Keep only" not set (shown as a dash)
 def _keep_changed(scope: str, n: int) -> None:
     """"Keep only j" ticks every other Drop box and unticks j's ("—": unticks them all): the boxes are
     the one record of what is dropped everywhere, and always show it."""
-    keep = st.session_state[K.keep_only_key(scope)]
+    if st.session_state.get(K.ABLATION_OWNER) != scope:  # a widget of the previous checkpoint's last run
+        return
+    keep = st.session_state.get(K.keep_only_key(scope), ALL)
     for j in range(n):
         st.session_state[K.drop_global_key(scope, j)] = keep != ALL and j != keep
 
 
 def _drop_changed(scope: str, n: int) -> None:
     """A Drop box changed: "Keep only" shows the one option left, if exactly one is, else "—"."""
+    if st.session_state.get(K.ABLATION_OWNER) != scope:
+        return
     kept = [j for j in range(n) if not st.session_state.get(K.drop_global_key(scope, j), False)]
     st.session_state[K.keep_only_key(scope)] = kept[0] if n > 1 and len(kept) == 1 else ALL
 
