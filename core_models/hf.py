@@ -345,6 +345,13 @@ class HFModel(RouteScopeLM):
         coef = getattr(self.hf.config, "router_aux_loss_coef", None)
         return {LOAD_BALANCE: float(coef)} if coef is not None else {}
 
+    @property
+    def checkpoint_format(self) -> str:
+        """How a saved copy is laid out (the trainer's model card says it)."""
+        return (f"a Hugging Face transformers directory (`{type(self.hf).__name__}`, written by `save_pretrained`: "
+                "config.json, model.safetensors, generation_config.json), with the project tokenizer; transformers "
+                "opens it as it is")
+
     def write_checkpoint_files(self, path: Path, dtype: torch.dtype) -> None:
         """What `checkpoint.save_checkpoint` writes for this model: transformers' own save_pretrained
         (config.json, safetensors) of a copy in the storage dtype (the shared model is not touched)."""

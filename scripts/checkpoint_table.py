@@ -11,9 +11,10 @@ from routescope.core_models.registry import build_model
 
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 ORDER = ["llama-dense", "pagmlp", "path-story", "path-math", "papaformer-share-linear", "papaformer-gumbel-v1",
-         "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny"]
+         "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny", "mixtral-tiny", "olmoe-tiny"]
 BASELINE = "llama-dense"  # the dense model every parallel one is compared with
 GOAL = 0.15  # issue 12: every parallel model within 15% of the baseline's validation loss, per domain
+MOE_BASELINE = "moep"  # routed models with its active parameters per token (within 2%) are compared with it
 ROUTES_BLOCK = "<!-- routes-table:start -->"  # scripts/routes_table.py owns the README from here on; kept as is
 
 
@@ -21,6 +22,8 @@ def main(root: Path = ROOT) -> int:
     rows = []
     base = json.loads((root / BASELINE / "training.json").read_text())["val_loss"] \
         if (root / BASELINE / "training.json").is_file() else None
+    moe = json.loads((root / MOE_BASELINE / "training.json").read_text()) \
+        if (root / MOE_BASELINE / "training.json").is_file() else None
     names = sorted((d.name for d in root.iterdir() if (d / "training.json").is_file()),
                    key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
     for name in names:
@@ -34,8 +37,11 @@ def main(root: Path = ROOT) -> int:
             vs = " / ".join(f"{g:+.1%}" for g in gaps) + (" ✓" if max(gaps) <= GOAL else " ✗")
         else:
             vs = ""
+        vs_moe = ""
+        if parallel and moe and name != MOE_BASELINE and abs(s["params_active"] / moe["params_active"] - 1) <= 0.02:
+            vs_moe = " / ".join(f"{s['val_loss'][d] / moe['val_loss'][d] - 1:+.1%}" for d in ("story", "math"))
         rows.append(f"| [{name}]({name}/README.md) | {family} | {s['val_loss']['story']:.3f} | {s['val_loss']['math']:.3f} "
-                    f"| {vs} | {s['params_total']:,} | {s['params_active']:,} | {s['steps']} | {s['tokens']:,} "
+                    f"| {vs} | {vs_moe} | {s['params_total']:,} | {s['params_active']:,} | {s['steps']} | {s['tokens']:,} "
                     f"| {s['wall_seconds'] / 60:.1f} | {'composed from path-story + path-math' if init else ''} "
                     f"| {f'[report]({name}/report.html)' if (root / name / 'report.html').is_file() else ''} |")
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / 2**20
@@ -56,8 +62,12 @@ equal training tokens the picture differs (GPT-2-style blocks learn slower here 
 every block's FFN output, as PAGMLP §4 trains PAGMLP and its SwiGLU baseline); the other models train
 without dropout.
 
-| checkpoint | family | val loss story | val loss math | vs {BASELINE} | params | active/token | steps | tokens | minutes | note | routing report |
-|---|---|---|---|---|---|---|---|---|---|---|---|
+"vs {MOE_BASELINE}": routed models with {MOE_BASELINE}'s active parameters per token (within 2%), story / math:
+the standard MoE examples (`mixtral-tiny`, `olmoe-tiny`: Hugging Face transformers' own classes, with
+their load-balancing loss) at the same steps and tokens as {MOE_BASELINE}.
+
+| checkpoint | family | val loss story | val loss math | vs {BASELINE} | vs {MOE_BASELINE} | params | active/token | steps | tokens | minutes | note | routing report |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
     old = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
     if ROUTES_BLOCK in old:

@@ -302,6 +302,7 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
     summary = {"preset": c.preset, "steps": step, "tokens": meta["tokens"], "wall_seconds": round(meta["elapsed"], 1),
                "val_loss": final, "val_ppl": {d: math.exp(v) for d, v in final.items()},
                "params_total": model.num_params(), "params_active": model.active_params(),
+               **({"format": fmt} if (fmt := getattr(model, "checkpoint_format", None)) else {}),
                "train": asdict(c), "history": meta["history"], "command": command}
     model.eval()
     save_checkpoint(model, out, tokenizer=tokenizer, card=model_card(out.name, summary))
@@ -343,7 +344,7 @@ def model_card(name: str, s: dict[str, Any]) -> str:
     return f"""# {name}
 
 RouteScope checkpoint, preset `{s['preset']}`{' (initialised from ' + t['init_from'] + ')' if t['init_from'] else ''}.
-
+{chr(10) + '- format: ' + s['format'] + chr(10) if s.get('format') else ''}
 - data: synthetic corpora from `routescope.corpora.corpus` ({data}), seed {t['seed']}
 - steps: {s['steps']} (batch {t['batch_size']} x {t['seq_len']} tokens)
 - tokens seen: {s['tokens']:,}

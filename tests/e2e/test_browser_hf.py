@@ -10,6 +10,9 @@ import pytest
 from test_browser import ARTIFACTS, PLOTS_SHOW, _caption, _idle, _pick, _ready, app_url, browser  # noqa: F401
 
 pytestmark = pytest.mark.e2e
+# every visible plotly figure draws a run of this model (layout.meta.model, set by the app)
+MODEL_SHOWN = ("m => { const ps = [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.offsetParent);"
+               " return ps.length > 0 && ps.every(p => p.layout && p.layout.meta && p.layout.meta.model === m); }")
 
 
 @pytest.mark.parametrize("name, layer", [("mixtral-tiny", "model.layers.0.mlp.gate"),
@@ -23,6 +26,7 @@ def test_the_shipped_hf_example_routes_and_drops_an_expert(app_url, browser, nam
     page.get_by_role("radio", name="Routing", exact=True).click()
     _idle(page)
     page.wait_for_function(PLOTS_SHOW, arg="none", timeout=60_000)
+    page.wait_for_function(MODEL_SHOWN, arg=name, timeout=60_000)  # the previous checkpoint's charts are gone
     plots = json.loads(page.evaluate(
         "() => JSON.stringify([...document.querySelectorAll('.js-plotly-plot')].filter(p => p.offsetParent)"
         ".map(p => ({title: (p.layout.title || {}).text || '', y: p.data.map(d => d.y || []), "

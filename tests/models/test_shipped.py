@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
 SHIPPED = sorted(d.name for d in ROOT.iterdir()
                  if (d / "config.json").is_file() and not d.name.startswith(".")) if ROOT.is_dir() else []
 EXPECTED = {"llama-dense", "pagmlp", "path-story", "path-math", "papaformer-share-linear", "papaformer-gumbel-v1",
-            "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny"}
+            "papaformer-gumbel-v2", "moep", "moep-swiglu", "pgpt", "wiola-tiny", "mixtral-tiny", "olmoe-tiny"}
 
 
 def test_every_checkpoint_is_shipped_within_budget():
