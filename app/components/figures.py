@@ -143,7 +143,7 @@ def titled_for_export(fig: go.Figure, model: str, ablation: str) -> go.Figure:
     extra = 26 if own else 0
     m = out.layout.margin
     out.update_layout(title=dict(text=f"{run}<br><span style='font-size:0.85em'>{own}</span>" if own else run,
-                                 y=1, yref="container", yanchor="top", pad=dict(t=10)),
+                                 y=1, yref="container", yanchor="top", pad=dict(t=30 if own else 10)),
                       margin=dict(t=max(m.t or 0, MARGIN_T) + extra + (0 if own else 20)))
     if fig.layout.height:
         out.update_layout(height=fig.layout.height + extra + (0 if own else 20))

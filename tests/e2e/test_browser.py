@@ -3,7 +3,7 @@
 Starts the app on a free local port, enters a prompt, switches a path off, downloads the routing
 CSV and checks it, then walks through what a new user stumbled on (issue 13: Generate button,
 ablations per checkpoint, one numbering, legends, multi-byte text, attribution and Table 6 exports);
-screenshots go to test-artifacts/. Also prints the toggle-to-update times it
+screenshots go to test-artifacts/ (10-15: issue 23's explorer edges at 1600 x 1000). Also prints the toggle-to-update times it
 measured, 5 uncached toggles per checkpoint (read them with `pytest -s`; benchmarks/bench_ablation.py
 parses that line).
 """
@@ -320,4 +320,184 @@ def test_what_a_new_user_meets(app_url, browser):
     page.get_by_role("option", name="expert 0", exact=True).wait_for(timeout=30_000)
     page.keyboard.press("Escape")
     page.screenshot(path=str(ARTIFACTS / "09_moep_experts_and_blocks.png"), full_page=True)
+    page.close()
+
+
+# --- issue 23: the explorer's rough edges, as a new user at 1600 x 1000 meets them ----------------
+
+DEFAULT_PROMPT = "Once upon a time, there was a little"  # app/main.py's (importing it would start the app)
+# every visible chart as the browser drew it: its traces, tick labels and annotations where they are
+CHARTS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.offsetParent).map(p => {
+  const r = p.getBoundingClientRect(), L = p._fullLayout;
+  const box = e => e.getBoundingClientRect();
+  return {title: ((L.title && L.title.text) || '').replace(/<[^>]+>/g, ''), types: p.data.map(d => d.type), y: p.data.map(d => d.y || null),
+          plotTop: r.top + L._size.t, range: L.xaxis ? L.xaxis.range : null,
+          xticks: [...p.querySelectorAll('.xaxislayer-above text')].filter(t => t.textContent)
+                    .map(t => ({text: t.textContent, left: box(t).left, right: box(t).right})),
+          yticks: [...p.querySelectorAll('.yaxislayer-above text')].map(t => ({text: t.textContent, top: box(t).top})),
+          notes: [...p.querySelectorAll('.annotation')].map(a => ({text: a.textContent, bottom: box(a).bottom})),
+          dividers: (L.shapes || []).filter(s => s.name === 'prompt | generated').map(s => s.x0),
+          legend: (p.data || []).filter(d => d.type === 'bar').map(d => d.name)}; })"""
+
+
+def _charts(page) -> list[dict]:
+    return page.evaluate(CHARTS)
+
+
+def _heatmap_charts(page) -> list[dict]:
+    return [c for c in _charts(page) if "heatmap" in c["types"]]
+
+
+def _routing(page, title: str) -> None:
+    """The Routing view, once a chart whose title (or a stacked row's) holds `title` is drawn."""
+    radio = page.get_by_role("radio", name="Routing", exact=True)
+    if not radio.is_checked():  # clicking the chosen view would unchoose it
+        radio.click()
+    _idle(page)
+    page.wait_for_function(
+        "t => [...document.querySelectorAll('.js-plotly-plot')].some(p => p.offsetParent && p.querySelector("
+        "'.xaxislayer-above text') && [(p.layout.title || {}).text || '', ...(p.layout.annotations || []).map(a => a.text)]"
+        ".some(x => x.includes(t)))", arg=title, timeout=60_000)
+
+
+def _assert_ticks_readable(chart: dict, labels: list[str]) -> None:
+    """One tick per token in the window, in order (`labels`: the ticks expected), none overlapping the next."""
+    ticks = sorted(chart["xticks"], key=lambda t: t["left"])
+    assert [t["text"] for t in ticks] == list(labels), chart["title"]
+    for a, b in zip(ticks, ticks[1:]):
+        assert a["right"] <= b["left"] + 1, (a, b)  # upright labels side by side, not on top of each other
+
+
+def test_issue23_charts_rows_ticks_and_divider(app_url, browser):
+    from tokenizers import Tokenizer
+
+    from routescope.app.components.figures import TOKEN_WINDOW
+    from routescope.core_models.checkpoint import load_checkpoint
+
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(app_url)
+    _ready(page, "updated in")
+    assert page.get_by_role("textbox", name="Prompt").input_value() == DEFAULT_PROMPT
+    # moep: rows top to bottom in model depth order, in the heatmap and along the utilisation bars
+    _pick(page, "moep")
+    _routing(page, "Utilisation")
+    depth = list(load_checkpoint(ROOT / "checkpoints" / "moep")[0].routing_layers())
+    (heat,) = _heatmap_charts(page)
+    assert [t["text"] for t in sorted(heat["yticks"], key=lambda t: t["top"])] == depth  # as drawn, top down
+    util = next(c for c in _charts(page) if c["title"].startswith("Utilisation"))
+    assert util["legend"][0] == "expert 0 / block 0"  # the heatmap's own option names
+    # every token ticked (9 prompt + 24 generated tokens: under the window, all of them shown), the
+    # prompt's ticks being its tokens as the tokenizer splits them
+    from routescope.app.components.figures import token_label
+
+    tok = Tokenizer.from_file(str(ROOT / "checkpoints" / "tokenizer.json"))
+    prompt = [tok.decode([i]) for i in tok.encode(DEFAULT_PROMPT).ids]
+    ticks = sorted(heat["xticks"], key=lambda t: t["left"])
+    assert len(ticks) == len(prompt) + 24 <= TOKEN_WINDOW
+    assert [t["text"] for t in ticks[:len(prompt)]] == [token_label(t) for t in prompt]
+    _assert_ticks_readable(heat, [t["text"] for t in ticks])
+    # the prompt | generated label sits above the plot, over no cell
+    label = next(n for n in heat["notes"] if "generated" in n["text"])
+    assert label["bottom"] <= heat["plotTop"] + 1
+    page.screenshot(path=str(ARTIFACTS / "10_moep_depth_order_ticks.png"), full_page=True)
+
+    # a 64-token prompt (88 tokens with the continuation): the last TOKEN_WINDOW tokens, each ticked
+    _pick(page, "papaformer-gumbel-v2")
+    box = page.get_by_role("textbox", name="Prompt")
+    box.fill(PROMPT_64)
+    page.get_by_role("button", name="Generate").click()
+    page.wait_for_function("() => [...document.querySelectorAll('.rs-text')].some(e => e.innerText.includes('Sunday'))",
+                           timeout=60_000)
+    _routing(page, "Gumbel route per token")
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(p => p.offsetParent && "
+                           "p.data.some(d => d.x && d.x.length > 64))", timeout=60_000)
+    (heat,) = _heatmap_charts(page)
+    model_tokens = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].find(p => p.offsetParent "
+                                 "&& p.data[0].type === 'heatmap').layout.xaxis.ticktext")
+    assert len(model_tokens) == 64 + 24
+    prompt = [token_label(tok.decode([i])) for i in tok.encode(PROMPT_64).ids]
+    assert model_tokens[:64] == prompt
+    _assert_ticks_readable(heat, model_tokens[-TOKEN_WINDOW:])  # the last 40: prompt tokens 48..63, then 24 new
+    assert heat["range"] == [88 - TOKEN_WINDOW - 0.5, 87.5]
+    label = next(n for n in heat["notes"] if "generated" in n["text"])
+    assert label["bottom"] <= heat["plotTop"] + 1 and heat["dividers"] == [63.5, 63.5]
+    page.screenshot(path=str(ARTIFACTS / "11_papaformer_88_tokens_window.png"), full_page=True)
+    page.close()
+
+
+def test_issue23_table6_diff_keep_only_and_exports(app_url, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1600, "height": 1000}, accept_downloads=True)
+    page.goto(app_url)
+    _ready(page, "updated in")
+    # Table 6 under "Drop path 0": the header says so, the CSV routes around path 0 (route 1)
+    page.get_by_text("Drop path 0", exact=True).click()
+    _caption_shows(page, "drop *:0")
+    page.get_by_role("radio", name="Table 6", exact=True).click()
+    header = page.get_by_text("Table 6 routes under the ablation").first
+    header.wait_for(timeout=120_000)
+    assert "drop *:0" in header.inner_text()
+    _idle(page)
+    page.locator("[data-testid='stDataFrame'] canvas").first.wait_for(timeout=60_000)
+    time.sleep(1)  # the grid paints its cells on the canvas
+    page.screenshot(path=str(ARTIFACTS / "12_table6_under_drop_path0.png"), full_page=True)
+    page.get_by_role("radio", name="Export", exact=True).click()
+    with page.expect_download(timeout=60_000) as dl:
+        page.get_by_role("button", name="Table 6 report (CSV)").click()
+    path = tmp_path / dl.value.suggested_filename
+    dl.value.save_as(path)
+    rows = list(csv.DictReader(path.open(encoding="utf-8", newline="")))
+    assert rows and {r["ablation"] for r in rows} == {"drop *:0"}
+    assert all("1" not in r["routes"].split(">") for r in rows)  # route 1 = path 0: never taken
+    assert any("1" in r["paper_routes"].split(">") for r in rows)  # beside the paper's, which do take it
+    # an exported figure page names the model and the ablation in its visible title
+    with page.expect_download(timeout=60_000) as dl:
+        page.get_by_role("button", name="gumbel_routes.html").click()
+    fig_page = tmp_path / dl.value.suggested_filename
+    dl.value.save_as(fig_page)
+    viewer = browser.new_page(viewport={"width": 1600, "height": 1000})
+    viewer.goto(fig_page.as_uri())
+    viewer.wait_for_selector(".gtitle", timeout=60_000)
+    title = viewer.locator(".gtitle").first.text_content()
+    assert "papaformer-gumbel-v2" in title and "drop *:0" in title
+    viewer.screenshot(path=str(ARTIFACTS / "13_exported_figure_title.png"), full_page=True)
+    viewer.close()
+
+    # the ablation diff: counts on one basis, a legend, the divider on the KL chart
+    page.get_by_role("radio", name="Ablation diff", exact=True).click()
+    page.locator("[data-testid='stMetric']", has_text="top-1 flips").first.wait_for(timeout=60_000)
+    _idle(page)
+    metrics = {m.split("\n")[0]: m for m in page.locator("[data-testid='stMetric']").all_inner_texts()}
+    changed = re.search(r"(\d+) of (\d+)", metrics["changed tokens"]).groups()
+    flips = re.search(r"(\d+) of (\d+)", metrics["top-1 flips"]).groups()
+    assert changed[1] == flips[1] == "24"
+    assert page.get_by_text("Red: a token the other continuation").count() == 1
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ROOT / "checkpoints" / "tokenizer.json"))
+    n_prompt = len(tok.encode(DEFAULT_PROMPT).ids)
+    kl = next(c for c in _charts(page) if c["title"].startswith("KL"))
+    assert kl["dividers"] == [n_prompt - 0.5]  # between the prompt's last token and the first generated one
+    page.screenshot(path=str(ARTIFACTS / "14_diff_basis_legend_divider.png"), full_page=True)
+
+    # pgpt: "Keep only path 0" ticks "Drop path 1" (one state, shown in both places); its text is whole
+    _pick(page, "pgpt")
+    keep = page.locator("[data-testid='stSelectbox']").filter(has_text="Keep only")
+    keep.locator("div[role='combobox'], input").first.click()
+    page.get_by_role("option", name="path 0", exact=True).click()
+    _caption_shows(page, "drop *:1")
+    _idle(page)
+    assert page.get_by_role("checkbox", name="Drop path 1").first.is_checked()
+    assert not page.get_by_role("checkbox", name="Drop path 0").first.is_checked()
+    shown = keep.locator("input[role='combobox']").first
+    assert shown.input_value() == "path 0"
+    assert shown.evaluate("e => e.scrollWidth <= e.clientWidth")  # the whole text fits: nothing is cut
+    # the next-token chart's axis fits its values
+    page.get_by_role("radio", name="Generation", exact=True).click()
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(p => p.offsetParent && "
+                           "(p.layout.title.text || '').includes('Next-token'))", timeout=60_000)
+    top, hi = page.evaluate("() => { const p = [...document.querySelectorAll('.js-plotly-plot')].find(p => "
+                            "p.offsetParent && (p.layout.title.text || '').includes('Next-token'));"
+                            " return [Math.max(...p.data[0].x), p._fullLayout.xaxis.range[1]]; }")
+    assert top < hi <= top * 1.5
+    page.screenshot(path=str(ARTIFACTS / "15_pgpt_keep_only_and_candidates.png"), full_page=True)
     page.close()
