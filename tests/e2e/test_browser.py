@@ -3,8 +3,8 @@
 Starts the app on a free local port, enters a prompt, switches a path off, downloads the routing
 CSV and checks it, then walks through what a new user stumbled on (issue 13: Generate button,
 ablations per checkpoint, one numbering, legends, multi-byte text, attribution and Table 6 exports);
-screenshots go to test-artifacts/ (10-15: issue 23's explorer edges at 1600 x 1000). Also prints the toggle-to-update times it
-measured, 5 uncached toggles per checkpoint (read them with `pytest -s`; benchmarks/bench_ablation.py
+screenshots go to test-artifacts/ (10-15: issue 23's explorer edges at 1600 x 1000). Also prints the
+toggle-to-update times it measured, 5 uncached toggles per checkpoint (read them with `pytest -s`; benchmarks/bench_ablation.py
 parses that line).
 """
 from __future__ import annotations

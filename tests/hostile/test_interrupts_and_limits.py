@@ -371,3 +371,15 @@ def test_help_states_the_overwrite_convention_and_the_limits(capsys):
         main(["export", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"at most {MAX_PROMPT_FILE_BYTES >> 20} MiB" in text and f"at most {MAX_LINE_BYTES >> 20} MiB" in text
+
+
+def test_report_replaces_its_page_and_removes_a_killed_runs_temporary(capsys, tmp_path):
+    out = tmp_path / "r.html"
+    out.write_text("an older page")
+    stale = tmp_path / ".r.html.0123456789ab.tmp"  # as a killed report leaves it: nobody holds its lock
+    stale.write_text("half a page")
+    code, _, err = run_in_process(["report", CK, "--out", out, "--docs", "1", "--seq-len", "24", "--min-count", "1"],
+                                  capsys)
+    assert code == 0, err
+    assert f"removed {stale}" in err and f"wrote {out} (replaced the existing file)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"] and "<html" in out.read_text().lower()
