@@ -13,8 +13,11 @@ import plotly.graph_objects as go
 from routescope.analysis import columns as C
 from routescope.analysis.routing import option_names
 
-# one colour per option index (option 0 blue, option 1 orange, ...), used for nothing else
-PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
+# one colour per option index (option 0 blue, option 1 orange, ...), used for nothing else; 24
+# distinct ones, so a model with 16 experts (olmoe-tiny) never shows two experts in one colour
+PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D",
+           "#DA16FF", "#B68100", "#750D86", "#00A08B", "#FB00D1", "#6C7C32", "#862A16", "#A777F1",
+           "#1616A7", "#222A2A", "#EB663B", "#620042", "#1CA71C", "#0D2A63", "#B2828D", "#AF0038"]
 NEUTRAL, HIGHLIGHT = "#9DB5CF", "#1F2D3D"  # bars that are not options: plain, and the one picked out
 # every continuous heatmap (weights, shares, gates, cosines): blue = high, red = low, white between
 HIGH_IS_BLUE = "RdBu"
