@@ -36,6 +36,8 @@ def hf_config(model_type: str, vocab_size: int):
                               sliding_window=16, **v)
     if model_type == "llama":
         return T.LlamaConfig(intermediate_size=48, **v)
+    if model_type == "qwen2":
+        return T.Qwen2Config(intermediate_size=48, **v)
     if model_type == "gpt2":
         return T.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128)
     raise KeyError(model_type)

@@ -111,7 +111,7 @@ def test_recorded_router_outputs_equal_transformers_own(saved, model_type):
         assert torch.equal(tr["model.layers.0.mlp.shared_expert_gate"], gate(x["in"]))
 
 
-@pytest.mark.parametrize("model_type", MOE_TYPES + ("llama", "gpt2"))
+@pytest.mark.parametrize("model_type", MOE_TYPES + ("llama", "gpt2", "qwen2"))
 def test_greedy_generation_equals_transformers_generate(saved, model_type, tokenizer):
     m, path = saved(model_type)
     model, _ = load_checkpoint(path)
@@ -119,8 +119,12 @@ def test_greedy_generation_equals_transformers_generate(saved, model_type, token
     ref = m.generate(torch.tensor(IDS), max_new_tokens=10, do_sample=False)[0].tolist()
     assert gen.ids[:len(ref)] == ref  # transformers stops at its end-of-text token; ours runs on
     assert len(ref) == len(gen.ids) or ref[-1] in np.atleast_1d(m.generation_config.eos_token_id)
-    if model_type in ("llama", "gpt2"):
+    if model_type in ("llama", "gpt2", "qwen2"):  # dense: no routing layers, and attribution works
+        from routescope.analysis.attribution import TokenAttribution
+
         assert model.routing_layers() == {}
+        res = TokenAttribution(model).attribute(IDS[0], len(IDS[0]) - 1, 5, n_steps=16)
+        assert res.attributions.shape == (len(IDS[0]),) and bool(torch.isfinite(res.attributions).all())
 
 
 # --- ablations against the layer recomputed by hand -------------------------------------------------
