@@ -4,7 +4,6 @@ ablation diff's counts on one stated basis, and the upload's messages. Figures a
 tests/app/test_figures.py, the browser's view of them in tests/e2e/test_browser.py."""
 from __future__ import annotations
 
-import io
 import re
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis import domain as D
 from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
 from routescope.app import state as K
 from routescope.core_models import tracing
