@@ -59,7 +59,8 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
         generation.show(cur, tok)
     elif view == "Routing":
         generation.text(cur, tok)
-        st.html(resources.route_grid(path, mtime, prompt, settings, cur.ablation))
+        if grid := resources.route_grid(path, mtime, prompt, settings, cur.ablation):  # none without choice views
+            st.html(grid)
         routing.show(cur, resources.routing_figures(path, mtime, prompt, settings, cur.ablation))
     elif view == "Ablation diff":
         base = resources.run(path, mtime, prompt, settings, Ablation())
