@@ -1,7 +1,8 @@
 """A run's choice heatmaps (`figures.ChoiceGrid`: the option picked per layer and token) as one HTML
 grid, no plotly.js needed: it paints with the page's first data, while the interactive chart below
 it waits for the browser to load and start plotly.js (about 4.7 MB; 1-2 s of a page opening on this
-machine). Colours are the options' (`figures.PALETTE`), every cell's details on hover."""
+machine). Colours are the options' (`figures.PALETTE`), every cell's details on hover. `CSS` is
+shown once at the top of the page (app/main.py), so the grid's markup carries none."""
 from __future__ import annotations
 
 import html
@@ -10,15 +11,20 @@ import re
 
 from .figures import PALETTE, ChoiceGrid, show_token
 
+# Streamlit's Markdown styles tables: these rules override them (!important) inside .rs-grid only
 CSS = """<style>
 .rs-grid-wrap {overflow-x: auto; margin: 0.2rem 0 0.6rem 0;}
-.rs-grid {border-collapse: separate; border-spacing: 1px; font-size: 11px;}
-.rs-grid th.rs-layer {text-align: right; padding-right: 6px; white-space: nowrap; font-weight: 500; color: #1F2D3D;}
+table.rs-grid {border-collapse: separate !important; border-spacing: 1px; font-size: 11px; width: auto !important;
+  margin: 0 !important; border: none !important;}
+.rs-grid tr, .rs-grid th, .rs-grid td {border: none !important; background: transparent;}
+.rs-grid th.rs-layer {text-align: right; padding: 0 6px 0 0 !important; white-space: nowrap; font-weight: 500;
+  color: #1F2D3D;}
 .rs-grid th.rs-col {writing-mode: vertical-rl; transform: rotate(180deg); font-weight: 400; color: #444;
-  max-height: 7.5em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; padding: 2px 0;}
+  max-height: 7.5em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; padding: 2px 0 !important;
+  line-height: 12px;}
 .rs-grid th.rs-gen-col {color: #1F5AA6;}
-.rs-grid td {width: 12px; min-width: 12px; height: 15px; padding: 0; border-radius: 2px; cursor: help;}
-.rs-grid tr.rs-title th {text-align: left; font-weight: 600; padding-top: 6px; color: #1F2D3D;}
+.rs-grid td {width: 12px; min-width: 12px; height: 15px; padding: 0 !important; border-radius: 2px; cursor: help;}
+.rs-grid tr.rs-title th {text-align: left; font-weight: 600; padding: 6px 0 0 0 !important; color: #1F2D3D;}
 .rs-legend {font-size: 12px; color: #444;}
 .rs-swatch {display: inline-block; width: 11px; height: 11px; border-radius: 2px; margin: 0 4px 0 10px;
   vertical-align: -1px;}
@@ -59,6 +65,6 @@ def route_grid_html(grids: list[ChoiceGrid], tokens: list[str], n_prompt: int | 
             rows.append(f'<tr><th class="rs-layer">{html.escape(layer)}</th>{"".join(cells)}</tr>')
     legend = "".join(f'<span class="rs-swatch" style="background:{PALETTE[j % len(PALETTE)]}"></span>'
                      f"{html.escape(label)}" for j, label in enumerate(widest.labels))
-    return (CSS.replace("\n", " ") + f'<div class="rs-grid-wrap"><table class="rs-grid">{"".join(rows)}</table></div>'
+    return (f'<div class="rs-grid-wrap"><table class="rs-grid">{"".join(rows)}</table></div>'
             f'<div class="rs-legend">Routes at a glance (hover a cell for its details; the chart below zooms and '
             f"exports): {legend}</div>")

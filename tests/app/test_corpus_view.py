@@ -222,7 +222,7 @@ def test_route_grid_cells_are_the_runs_choices():
 
     at = AppTest.from_file(APP, default_timeout=180)
     at.run()
-    grid = next(h.proto.body for h in at.get("html") if "rs-grid" in h.proto.body)
+    grid = next(m.value for m in at.markdown if 'class="rs-grid"' in m.value)
     rows = re.findall(r'<tr><th class="rs-layer">([^<]*)</th>(.*?)</tr>', grid)
     colours = [re.findall(r'background:(#[0-9A-Fa-f]{6})', cells) for _, cells in rows]
     path = at.selectbox(key=K.CHECKPOINT).value
