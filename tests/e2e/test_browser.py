@@ -377,7 +377,9 @@ def test_issue23_charts_rows_ticks_and_divider(app_url, browser):
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
     page.goto(app_url)
     _ready(page, "updated in")
-    assert page.get_by_role("textbox", name="Prompt").input_value() == DEFAULT_PROMPT
+    # the box's value may arrive a frame after the first run's caption: wait for it, then it must be the default
+    from playwright.sync_api import expect
+    expect(page.get_by_role("textbox", name="Prompt")).to_have_value(DEFAULT_PROMPT, timeout=30_000)
     # moep: rows top to bottom in model depth order, in the heatmap and along the utilisation bars
     _pick(page, "moep")
     _routing(page, "Utilisation")
