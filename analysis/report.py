@@ -41,7 +41,7 @@ from .corpus_data import validation_split
 from .corpus_page import html_table
 from .corpus_run import CorpusResult, CorpusSettings, run_corpus
 from .effects import ablation_effects
-from .families import family_analysis, route_labels  # noqa: F401  (route_labels: the report's names)
+from .families import family_analysis
 from .routing import option_names
 
 HELDOUT_PROBES = Path(__file__).parent / "data" / "heldout_probes.tsv"

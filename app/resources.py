@@ -77,13 +77,12 @@ def routing_figures(path: str, mtime: float, prompt: str, settings: RunSettings,
 @st.cache_resource(max_entries=64, show_spinner=False)
 def route_grid(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation) -> str:
     """The run's choice heatmaps as one HTML grid (`components.route_grid`): painted with the page's
-    first data, before plotly.js has loaded. Built once per run; read-only."""
-    from .components import drawers, figures
+    first data, before plotly.js has loaded. Built once per run from the grids `routing_figures`
+    drew (one drawing serves both); read-only."""
     from .components.route_grid import route_grid_html
-    cur, model = run(path, mtime, prompt, settings, ablation), load(path, mtime)[0]
-    tokens = cur.display_tokens()
-    pieces = drawers.draw(cur.views, drawers.DrawContext(tokens, cur.n_prompt, model.option_labels()))
-    return route_grid_html([p for p in pieces.values() if isinstance(p, figures.ChoiceGrid)], tokens, cur.n_prompt)
+    cur = run(path, mtime, prompt, settings, ablation)
+    grids = routing_figures(path, mtime, prompt, settings, ablation).grids
+    return route_grid_html(grids, cur.display_tokens(), cur.n_prompt)
 
 
 @st.cache_resource(max_entries=64, show_spinner="Preparing the export…")

@@ -416,10 +416,14 @@ def _routers(hf_model: nn.Module) -> dict[str, nn.Module]:
 def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: torch.dtype) -> HFModel:
     """The transformers model in directory `path` (config dict `d`), from local files only, safetensors
     only (`check_hf_directory` ran first), wrapped and instrumented."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
     check_hf_directory(path, d)
+    try:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise ValueError(f"{path}: a Hugging Face transformers model ({d.get('model_type')}) needs the hf extra: "
+                         "pip install -c constraints.txt -c constraints-hf.txt -e '.[hf]'") from None
+
     config = HFConfig.from_hf_dict(d)
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # its load report and progress bar go to stderr; RouteScope reports its own

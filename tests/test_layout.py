@@ -3,6 +3,7 @@ under `routescope.`, and the README's Python example runs as written."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -116,9 +117,16 @@ def test_the_readme_namespace_example_runs():
 def test_pip_install_puts_only_routescope_at_the_top_level(tmp_path):
     """Build the wheel `pip install .` would install and install it (no dependencies) into a clean
     virtual environment: its site-packages gains `routescope` and its metadata, nothing else."""
+    # built from a copy of the packaged sources: an in-tree build would leave build/ in the repository,
+    # whose stale copies of removed modules a later wheel would pick up again
+    src = tmp_path / "src"
+    for name in (*FOLDERS, "routescope"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                    str(ROOT)], check=True, capture_output=True, timeout=600)
+                    str(src)], check=True, capture_output=True, timeout=600)
     (wheel,) = wheels.glob("routescope-*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"routescope"}, tops

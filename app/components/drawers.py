@@ -200,11 +200,17 @@ def notes(views: Mapping[str, View]) -> list[str]:
 STACKED = "routes"  # the name of a run's stacked choice heatmaps
 
 
-def draw_run(run: Any, model: Any, *, stacked: bool = False) -> tuple[dict[str, go.Figure], dict[str, pd.DataFrame]]:
-    """The figures and tables of every view of an analysed run (`analysis.session.Run`), each figure
-    carrying the model and ablation it shows in its layout's meta."""
+def run_pieces(run: Any, model: Any) -> dict[str, Piece]:
+    """Every view of an analysed run (`analysis.session.Run`) drawn once."""
+    return draw(run.views, DrawContext(run.display_tokens(), run.n_prompt, model.option_labels()))
+
+
+def draw_run(run: Any, model: Any, *, stacked: bool = False, pieces: Mapping[str, Piece] | None = None
+             ) -> tuple[dict[str, go.Figure], dict[str, pd.DataFrame]]:
+    """The figures and tables of every view of an analysed run, each figure carrying the model and
+    ablation it shows in its layout's meta (`pieces`: the run's views already drawn, `run_pieces`)."""
     toks = run.display_tokens()
-    pieces = draw(run.views, DrawContext(toks, run.n_prompt, model.option_labels()))
+    pieces = run_pieces(run, model) if pieces is None else pieces
     figs = run_figures(pieces, stacked=stacked, stacked_name=STACKED, tokens=toks, n_prompt=run.n_prompt,
                        meta={"ablation": run.ablation.describe(), "model": run.model_name})
     return figs, tables(pieces)

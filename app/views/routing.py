@@ -25,14 +25,16 @@ class Drawn:
     figures: dict[str, go.Figure]
     tables: dict[str, pd.DataFrame]
     notes: list[str]
+    grids: list[F.ChoiceGrid]  # the choice heatmaps' data (the route grid paints them before plotly)
 
 
 def drawn(run: Run, model: RouteScopeLM, *, stacked: bool = False) -> Drawn:
     """Every view of the run drawn. The choice heatmaps (the option picked per layer and token) are
     one figure each, or with `stacked` the rows of one figure `STACKED` when there are several (the
     view draws that; the export tab offers each alone)."""
-    figs, tables = D.draw_run(run, model, stacked=stacked)
-    return Drawn(figs, tables, D.notes(run.views))
+    pieces = D.run_pieces(run, model)  # drawn once: the figures and the route grid share them
+    figs, tables = D.draw_run(run, model, stacked=stacked, pieces=pieces)
+    return Drawn(figs, tables, D.notes(run.views), [p for p in pieces.values() if isinstance(p, F.ChoiceGrid)])
 
 
 def show(run: Run, d: Drawn) -> Drawn:

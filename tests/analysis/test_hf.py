@@ -385,3 +385,15 @@ def test_one_instrumented_model_serves_concurrent_calls_with_their_own_ablations
         t.join()
     assert not errors and all(got["plain"]) and all(got["ablated"]) and len(got["plain"]) == 30
     assert not (tr[f"{layer}.indices"] == 0).any()
+
+
+def test_without_transformers_an_hf_directory_is_refused_in_one_line(saved, monkeypatch):
+    """The README's set-up installs the hf extra; without it the shipped HF examples say what to install."""
+    import sys
+
+    _, path = saved("mixtral")
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(CheckpointError, match=r"needs the hf extra: pip install .*'\.\[hf\]'"):
+        load_checkpoint(path)
