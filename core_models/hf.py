@@ -1,38 +1,43 @@
 """Hugging Face transformers language models as a RouteScope family, on transformers' own classes.
 
 Nothing here re-implements a model: `HFModel` holds the `AutoModelForCausalLM` that transformers
-builds from the checkpoint and instruments it with permanent forward hooks, registered once at
-load, that read the call in progress (`runtime.current()`: ablation) and the active trace
-(`runtime.active_trace()`) from the same ContextVars as our own sites. Idle, a hook costs those two
+builds from the checkpoint and instruments it with permanent hooks, registered once at load, that
+read the call in progress (`runtime.current()`: ablation) and the active trace
+(`runtime.active_trace()`) from the same ContextVars as our own sites. Idle, a hook costs those
 ContextVar reads; nothing per call ever lives on a module, so one model serves every session.
 
-Routing layers are the routers transformers records for `output_router_logits` (its
-`OutputRecorder` for "router_logits": MixtralTopKRouter, Qwen2MoeTopKRouter, ... one per MoE
-block), named by module path (`model.layers.3.mlp.gate`; gpt-oss: `model.layers.3.mlp.router`).
-Dense layers (`first_k_dense_replace`, `decoder_sparse_step`, `mlp_only_layers`) have no router and
-so no routing layer. Each router's sites, relative to its name (shapes as recorded):
-- `<router>.logits`  [batch, pos, n_experts] what the router's linear computed (dropped experts -inf)
-- `<router>.probs`   [batch, pos, n_experts] the router's own probabilities, taken from the op that
-  computes them inside its forward (softmax: Mixtral, Qwen2/3-MoE, OLMoE; sigmoid scores:
-  DeepSeek-V3). gpt-oss computes none (it takes a softmax over its top-k logits only): no site.
-- `<router>.indices` [batch, pos, k] and `<router>.weights` [batch, pos, k]: exactly what the router
-  returned (never recomputed: DeepSeek-V3's group-limited sigmoid routing with its correction bias
-  and scaling factor differs from a softmax top-k).
-- Qwen2-MoE's shared-expert gate: `model.layers.i.mlp.shared_expert_gate` [batch, pos, 1], the gate
-  linear's output (the block multiplies the shared expert by its sigmoid).
+Which modules route is read from transformers itself, for every MoE model type it ships, at module
+boundaries (`moe_layout`):
+- the **router** of each MoE block is a module of the class transformers records for
+  `output_router_logits` (`_can_record_outputs["router_logits"]`, an `OutputRecorder`); its module
+  path is the routing layer's name (`model.layers.3.mlp.gate`, `...block_sparse_moe.router`);
+- the **experts** are the router's sibling `experts`, which every MoE block calls as
+  `experts(hidden, top_k_index, top_k_weights)`: a block that calls them otherwise (Llama-4 scales
+  the tokens first) or has none (Doge, JetMoE) is refused in one line saying so;
+- a **shared expert** is a sibling named `shared*` (its gate, `shared*gate`, is a site).
 
-Ablations go through the router's own code: a torch function mode, entered by the router's
-pre-hook and left by its forward hook (thread-local, like every function mode), sets the logits of
-dropped experts to -inf as the router's linear returns them (DeepSeek-V3 also sets their selection
-scores, after its correction bias, to -1e9: finite, so its group scores stay ordered), so the
-model's own selection and normalisation pick the next choices. Forcing expert e drops every other
-routed expert: e then takes all the weight, and slots past the experts left are filled with weight
-0 by the router's own top-k. Where a block has a shared expert (Qwen2-MoE, DeepSeek-V3) it is the
-layer's last option ("shared expert", index n_experts): dropping it zeroes its output; it always
-runs otherwise, so it cannot be forced.
+Each routing layer's roles and their sites (`HFRoutingLayer.roles`; shapes as recorded):
+- `logits`  `<router>.logits`  [batch, pos, n] the router's output at the recorder's `index`
+  (dropped experts -inf);
+- `indices` `<router>.indices` [batch, pos, k] and `weights` `<router>.weights` [batch, pos, k]: the
+  experts module's inputs, exactly what the block routed with;
+- `probs`   `<router>.probs`   [batch, pos, n] the router's own probabilities, by one rule: the first
+  softmax or sigmoid the router applies to a tensor of its logits' shape (gpt-oss applies its softmax
+  to the top-k logits only: no site).
+
+Ablations go through the router's own code: a torch function mode, entered by the router's pre-hook
+and left by its forward hook (thread-local, like every function mode), sets the logits of dropped
+experts to -inf as the router's linear returns them, and where the router adds a selection bias
+(any router tensor named `*bias` with one entry per expert that the router *adds*:
+DeepSeek-V3's `e_score_correction_bias`, ...) sets the dropped experts' biased scores to -1e9
+(finite, so group sums stay ordered). The model's own selection and normalisation then pick the
+next choices. Forcing expert e drops every other routed expert. A shared expert is the layer's last
+option ("shared expert"): dropping it zeroes its output; it always runs otherwise, so it cannot be
+forced.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from contextvars import ContextVar
@@ -43,6 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from safetensors import SafetensorError
 from torch.overrides import TorchFunctionMode
 
 from . import runtime
@@ -52,30 +58,18 @@ from .runtime import AblationError, KVCache
 from .sites import RoutingLayer, Site
 
 
-@dataclass(frozen=True)
-class HFType:
-    """What RouteScope needs to know about one transformers MoE model type (plain data)."""
-
-    probs: str | None = "softmax"  # the op inside the router that computes its probabilities, if any
-    choice_bias: str | None = None  # a router buffer added to the scores before selection (DeepSeek-V3)
-    shared: str | None = None  # the MoE block's shared expert, relative to the block
-    shared_gate: str | None = None  # the shared expert's gate linear, relative to the block
-
-
-HF_TYPES: dict[str, HFType] = {
-    "mixtral": HFType(),
-    "qwen2_moe": HFType(shared="shared_expert", shared_gate="shared_expert_gate"),
-    "qwen3_moe": HFType(),
-    "olmoe": HFType(),
-    "deepseek_v3": HFType(probs="sigmoid", choice_bias="e_score_correction_bias", shared="shared_experts"),
-    "gpt_oss": HFType(probs=None),
-}
-# config fields that make a model type a mixture of experts (a type not in HF_TYPES with one is refused)
-EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+# Model types transformers ships whose routing RouteScope cannot follow yet, each with the reason
+# (plain data: the refusal names it). Every other type is opened by `moe_layout` or refused by it.
+REFUSED: dict[str, str] = {}
 WEIGHT_SUFFIXES = (".safetensors",)
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DROPPED_CHOICE = -1e9  # a dropped expert's selection score where -inf would break group sums
 LOAD_BALANCE = "load_balance"  # the auxiliary loss term transformers computes with output_router_logits
+ROUTER_LOGITS = "router_logits"  # transformers' recorder key for its routers
+
+
+class UnsupportedMoE(ValueError):
+    """A transformers MoE model whose routing RouteScope cannot follow; the message says why."""
 
 
 def is_hf_config(d: dict) -> bool:
@@ -84,15 +78,15 @@ def is_hf_config(d: dict) -> bool:
 
 
 def check_hf_directory(path: str | os.PathLike, d: dict) -> None:
-    """ValueError unless `path` holds a loadable HF model: a supported MoE or a dense type, safetensors
-    weights (pickled ones are refused without being opened)."""
+    """ValueError unless `path` holds a loadable HF model directory: a model_type not refused, safetensors
+    weights (pickled ones are refused without being opened). Whether its routing can be followed is
+    decided at load, from the model transformers builds (`moe_layout`)."""
     path = Path(path)
     model_type = d.get("model_type")
     if not isinstance(model_type, str):
         raise ValueError(f"{path / 'config.json'}: model_type must be a string")
-    if model_type not in HF_TYPES and any(d.get(f) for f in EXPERT_FIELDS):
-        raise ValueError(f"{path}: model_type {model_type!r} is a mixture of experts RouteScope does not instrument; "
-                         f"supported: {', '.join(HF_TYPES)} (dense models of any type open without routing layers)")
+    if model_type in REFUSED:
+        raise ValueError(f"{path}: model_type {model_type!r}: {REFUSED[model_type]}")
     files = [p.name for p in path.iterdir() if p.is_file()]
     if not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
         pickled = [f for f in files if f.endswith(PICKLED_SUFFIXES)]
@@ -127,7 +121,8 @@ class HFConfig(BaseConfig):
         self.require(isinstance(d, dict) and d.get("model_type", self.model_type) == self.model_type, "hf_config",
                      "must be a transformers config object of the same model_type")
         # vocab_size and context given to the preset (the tokenizer's size) win over the stored config's
-        d.update(model_type=self.model_type, vocab_size=self.vocab_size, max_position_embeddings=self.context)
+        d.update(model_type=self.model_type)
+        _text(d).update(vocab_size=self.vocab_size, max_position_embeddings=self.context)
         object.__setattr__(self, "hf_config", json.dumps(d, sort_keys=True))
 
     def transformers_config(self) -> Any:
@@ -138,13 +133,22 @@ class HFConfig(BaseConfig):
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "HFConfig":
-        ctx = d.get("max_position_embeddings") or d.get("n_positions") or d.get("n_ctx") or 2048
-        if "max_position_embeddings" not in d:  # GPT-2 names its context n_positions: keep the dict as written
-            d = {**d, "max_position_embeddings": ctx}
-        pad = d.get("pad_token_id")
+        d = json.loads(json.dumps(d))  # a copy: nested configs are updated in place below
+        t = _text(d)
+        ctx = t.get("max_position_embeddings") or t.get("n_positions") or t.get("n_ctx") or 2048
+        if "max_position_embeddings" not in t:  # GPT-2 names its context n_positions: keep the dict as written
+            t["max_position_embeddings"] = ctx
+        pad = t.get("pad_token_id", d.get("pad_token_id"))
         return cls(model_type=d["model_type"], hf_config=json.dumps(d, sort_keys=True),
-                   vocab_size=int(d.get("vocab_size", 1)), context=int(ctx),
+                   vocab_size=int(t.get("vocab_size", 1)), context=int(ctx),
                    pad_id=int(pad) if isinstance(pad, int) and not isinstance(pad, bool) else -1)
+
+
+def _text(d: dict) -> dict:
+    """The part of a config.json that describes the language model: an umbrella config's (Llama-4,
+    Qwen3.5-MoE, Gemma-4, ...) nested `text_config`, else the config itself."""
+    t = d.get("text_config")
+    return t if isinstance(t, dict) and "vocab_size" in t else d
 
 
 def hf_param_count(config: HFConfig) -> int:
@@ -156,17 +160,113 @@ def hf_param_count(config: HFConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@dataclass(frozen=True)
+class MoEBlock:
+    """One MoE block of a transformers model, as `moe_layout` found it (module paths)."""
+
+    router: str  # the recorded router: the routing layer's name
+    experts: str  # its sibling, called as experts(hidden, top_k_index, top_k_weights)
+    logits_index: int  # where the router's output holds its logits (the recorder's index)
+    n_experts: int  # routed experts: the width of the router's logits
+    top_k: int
+    shared: str | None = None  # a shared expert that runs for every token
+    shared_gate: str | None = None  # its gate linear
+
+
+def _recorders(hf_model: nn.Module) -> list[tuple[type, int]]:
+    """(router class, index of its logits in its output) that transformers records for
+    `output_router_logits`, from every model class in the module tree (umbrella models nest theirs)."""
+    found: dict[type, int] = {}
+    for mod in hf_model.modules():
+        rec = (getattr(type(mod), "_can_record_outputs", None) or {}).get(ROUTER_LOGITS)
+        for r in rec if isinstance(rec, (list, tuple)) else [rec] if rec is not None else []:
+            cls = getattr(r, "target_class", r)
+            if isinstance(cls, type):
+                found.setdefault(cls, int(getattr(r, "index", 0) or 0))
+    return list(found.items())
+
+
+def _first_linear(router: nn.Module) -> nn.Linear | None:
+    return router if isinstance(router, nn.Linear) else next(
+        (m for m in router.modules() if isinstance(m, nn.Linear)), None)
+
+
+def _n_experts(router: nn.Module) -> int:
+    """The width of the router's logits: the rows of its own weight, or of its first Linear child."""
+    w = getattr(router, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dim() == 2:
+        return int(w.shape[0])
+    lin = _first_linear(router)
+    if lin is not None:
+        return int(lin.out_features)
+    raise UnsupportedMoE(f"its router {type(router).__name__} has no linear to read the experts' count from")
+
+
+def _top_k(router: nn.Module, config: Any) -> int:
+    for source in (router, getattr(config, "text_config", None), config):
+        for f in ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k"):
+            v = getattr(source, f, None) if source is not None else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return 1
+
+
+def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
+    """Every MoE block of `hf_model` in module order ([] for a dense model), or UnsupportedMoE saying
+    why its routing cannot be followed. Read from the built model (meta tensors will do), never from
+    config field names: a model is a mixture of experts when transformers built a router or an
+    `experts` module into it."""
+    recorders = _recorders(hf_model)
+    classes = tuple(cls for cls, _ in recorders)
+    index = dict(recorders)
+    named = dict(hf_model.named_modules())
+    routers = [(n, m) for n, m in named.items() if classes and isinstance(m, classes)]
+    if not routers:
+        experts = [n for n in named if n.rsplit(".", 1)[-1] == "experts"]
+        if experts:
+            raise UnsupportedMoE(f"its experts ({experts[0]}, ...) have no router that transformers records "
+                                 f"for {ROUTER_LOGITS}")
+        return []
+    blocks = []
+    for name, router in routers:
+        parent = name.rsplit(".", 1)[0] if "." in name else ""
+        block = named[parent]
+        experts = getattr(block, "experts", None)
+        if not isinstance(experts, nn.Module):
+            raise UnsupportedMoE(f"its MoE block {type(block).__name__} has no `experts` module beside the router "
+                                 f"{type(router).__name__} (RouteScope reads routes where a block calls "
+                                 "experts(hidden, top_k_index, top_k_weights))")
+        params = [p for p in inspect.signature(experts.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(params) < 3:
+            raise UnsupportedMoE(f"its MoE block {type(block).__name__} calls {type(experts).__name__}"
+                                 f"({', '.join(p.name for p in params)}) without the top-k indices and weights "
+                                 "(RouteScope reads routes at experts(hidden, top_k_index, top_k_weights))")
+        kids = dict(block.named_children())
+        shared = [k for k, m in kids.items() if k.startswith("shared") and "gate" not in k
+                  and any(True for _ in m.parameters())]
+        gates = [k for k in kids if k.startswith("shared") and "gate" in k]
+        blocks.append(MoEBlock(
+            router=name, experts=f"{parent}.experts", logits_index=index[next(c for c in classes if isinstance(router, c))],
+            n_experts=_n_experts(router), top_k=_top_k(router, hf_model.config),
+            shared=f"{parent}.{shared[0]}" if shared else None, shared_gate=f"{parent}.{gates[0]}" if gates else None))
+    return blocks
+
+
 class HFRoutingLayer(RoutingLayer):
-    """The RouteScope face of one transformers router: its name, options and labels. Held by the
-    HFModel in a plain dict (not a submodule: transformers' module tree stays as transformers built it)."""
+    """The RouteScope face of one transformers router: its name, options, labels and role sites. Held
+    by the HFModel in a plain dict (not a submodule: transformers' module tree stays as transformers
+    built it)."""
 
     option_noun = "expert"
     can_force = True
 
-    def __init__(self, name: str, n_experts: int, top_k: int, shared: bool) -> None:
+    def __init__(self, block: MoEBlock, roles: dict[str, str]) -> None:
         super().__init__()
-        self.name, self.n_experts, self.top_k, self.shared = name, n_experts, top_k, shared
-        self.n_options = n_experts + shared
+        self.name, self.n_experts, self.top_k, self.shared = block.router, block.n_experts, block.top_k, bool(block.shared)
+        self.block = block
+        self.n_options = self.n_experts + self.shared
+        self.roles = roles
 
     def option_labels(self) -> list[str]:
         return [f"expert {j}" for j in range(self.n_experts)] + (["shared expert"] if self.shared else [])
@@ -177,34 +277,48 @@ class HFRoutingLayer(RoutingLayer):
 _BATCH: ContextVar[int] = ContextVar("routescope_hf_batch", default=1)  # rows of the call in progress
 _OPEN: ContextVar[tuple] = ContextVar("routescope_hf_open", default=())  # (router, mode) entered, innermost last
 
-_SOFTMAX = {F.softmax, torch.softmax, torch.Tensor.softmax}
-_SIGMOID = {F.sigmoid, torch.sigmoid, torch.Tensor.sigmoid}
+_NORMALISERS = {F.softmax, torch.softmax, torch.Tensor.softmax, F.sigmoid, torch.sigmoid, torch.Tensor.sigmoid}
 _ADD = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
 
 
-class _InsideRouter(TorchFunctionMode):
-    """Watches the ops of one router call: masks the logits (and DeepSeek-V3's selection scores) of
-    the experts the call drops, and keeps the router's probabilities as its own op computed them."""
+def _choice_biases(router: nn.Module, n: int) -> list[torch.Tensor]:
+    """Router tensors that may be added to its scores before selection: named `*bias`, one entry per expert."""
+    return [t for name, t in [*router.named_parameters(), *router.named_buffers()]
+            if name.endswith("bias") and t.numel() == n]
 
-    def __init__(self, router: nn.Module, spec: HFType, dropped: frozenset[int], want_probs: bool) -> None:
+
+def _same_storage(x: Any, biases: list[torch.Tensor]) -> bool:
+    if not isinstance(x, torch.Tensor):
+        return False
+    ptr = x.untyped_storage().data_ptr()
+    return any(ptr == b.untyped_storage().data_ptr() and x.numel() == b.numel() for b in biases)
+
+
+class _InsideRouter(TorchFunctionMode):
+    """Watches the ops of one router call: masks the logits (and biased selection scores) of the
+    experts the call drops, and keeps the router's probabilities as its own op computed them."""
+
+    def __init__(self, dropped: frozenset[int], want_probs: bool, biases: list[torch.Tensor]) -> None:
         super().__init__()
-        self.router, self.spec, self.dropped, self.want_probs = router, spec, sorted(dropped), want_probs
+        self.dropped, self.want_probs, self.biases = sorted(dropped), want_probs, biases
         self.logits: torch.Tensor | None = None
         self.probs: torch.Tensor | None = None
-        self.bias = getattr(router, spec.choice_bias) if spec.choice_bias else None
+
+    def _mask(self, out: torch.Tensor, value: float) -> torch.Tensor:
+        return out.index_fill(-1, torch.tensor(self.dropped, device=out.device), value)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.logits is None:
-            if func is F.linear:  # the router's one linear: its logits
+            if func is F.linear:  # the router's linear: its logits
                 if self.dropped:
-                    out = out.index_fill(-1, torch.tensor(self.dropped, device=out.device), float("-inf"))
+                    out = self._mask(out, float("-inf"))
                 self.logits = out
-        elif self.want_probs and self.probs is None and func in (_SOFTMAX if self.spec.probs == "softmax" else
-                                                                 _SIGMOID if self.spec.probs == "sigmoid" else ()):
+        elif (self.want_probs and self.probs is None and func in _NORMALISERS and isinstance(out, torch.Tensor)
+              and out.shape == self.logits.shape):
             self.probs = out
-        elif self.bias is not None and self.dropped and func in _ADD and any(a is self.bias for a in args):
-            out = out.index_fill(-1, torch.tensor(self.dropped, device=out.device), DROPPED_CHOICE)
+        elif self.dropped and self.biases and func in _ADD and any(_same_storage(a, self.biases) for a in args):
+            out = self._mask(out, DROPPED_CHOICE)
         return out
 
 
@@ -217,33 +331,35 @@ class HFModel(RouteScopeLM):
 
         self.config, self.context, self.vocab_size = config, config.context, config.vocab_size
         self.hf = hf_model if hf_model is not None else AutoModelForCausalLM.from_config(config.transformers_config())
-        self.spec = HF_TYPES.get(config.model_type)
-        routers = _routers(self.hf) if self.spec is not None else {}
-        hf_cfg = self.hf.config
         layers: dict[str, HFRoutingLayer] = {}
         sites: dict[str, Site] = {}
-        self._router_names: dict[int, str] = {}  # id(router module) -> layer name (fixed at load)
-        for name, router in routers.items():
-            block = name.rsplit(".", 1)[0]
-            shared = self.spec.shared is not None and _has(self.hf, f"{block}.{self.spec.shared}")
-            n = int(getattr(router, "num_experts", 0) or router.weight.shape[0])
-            k = int(getattr(router, "top_k", getattr(hf_cfg, "num_experts_per_tok", 1)))
-            layers[name] = HFRoutingLayer(name, n, k, shared)
+        self._router_names: dict[int, str] = {}  # id(router or experts module) -> layer name (fixed at load)
+        self._biases: dict[str, list[torch.Tensor]] = {}
+        self._experts_params: dict[str, list[str]] = {}  # layer -> names of (hidden, indices, weights)
+        for block in moe_layout(self.hf):
+            name, n, k = block.router, block.n_experts, block.top_k
+            router = self.hf.get_submodule(name)
+            roles = {"logits": f"{name}.logits", "indices": f"{name}.indices", "weights": f"{name}.weights",
+                     "probs": f"{name}.probs"}
+            shapes = {"logits": f"[batch, pos, {n}] router logits (dropped experts -inf)",
+                      "indices": f"[batch, pos, {k}] experts the block routed to (the experts module's input)",
+                      "weights": f"[batch, pos, {k}] their weights (the experts module's input)",
+                      "probs": f"[batch, pos, {n}] the router's own probabilities (where it computes them)"}
+            for role, site in roles.items():
+                sites[site] = _site(site, shapes[role])
+            layers[name] = HFRoutingLayer(block, roles)
             self._router_names[id(router)] = name
-            outs = {"logits": f"[batch, pos, {n}] router logits (dropped experts -inf)",
-                    "indices": f"[batch, pos, {k}] experts the router selected, as it returned them",
-                    "weights": f"[batch, pos, {k}] their weights, as the router returned them"}
-            if self.spec.probs:
-                outs["probs"] = f"[batch, pos, {n}] the router's {self.spec.probs} probabilities"
-            for out, shape in outs.items():
-                sites[f"{name}.{out}"] = _site(f"{name}.{out}", shape)
+            self._router_names[id(self.hf.get_submodule(block.experts))] = name
+            self._biases[name] = _choice_biases(router, n)
+            experts = self.hf.get_submodule(block.experts)
+            self._experts_params[name] = list(inspect.signature(experts.forward).parameters)[:3]
             router.register_forward_pre_hook(self._router_pre)
             router.register_forward_hook(self._router_post, always_call=True)
-            if shared:
-                expert = self.hf.get_submodule(f"{block}.{self.spec.shared}")
-                expert.register_forward_hook(self._shared_hook(name, n))
-            if self.spec.shared_gate and _has(self.hf, f"{block}.{self.spec.shared_gate}"):
-                gate = f"{block}.{self.spec.shared_gate}"
+            self.hf.get_submodule(block.experts).register_forward_pre_hook(self._experts_pre, with_kwargs=True)
+            if block.shared:
+                self.hf.get_submodule(block.shared).register_forward_hook(self._shared_hook(name, n))
+            if block.shared_gate:
+                gate = block.shared_gate
                 sites[gate] = _site(gate, "[batch, pos, 1] shared-expert gate logit (the block applies its sigmoid)")
                 self.hf.get_submodule(gate).register_forward_hook(self._gate_hook(gate))
         self.routing_modules = layers
@@ -255,10 +371,10 @@ class HFModel(RouteScopeLM):
         st, tr = runtime.current(), runtime.active_trace()
         name = self._router_names[id(module)]
         dropped = self._dropped_experts(name, st.ablation)
-        want_probs = tr is not None and self.spec.probs is not None and tr.wants(f"{name}.probs")
+        want_probs = tr is not None and tr.wants(f"{name}.probs")
         if not dropped and not want_probs:
             return None
-        mode = _InsideRouter(module, self.spec, dropped, want_probs)
+        mode = _InsideRouter(dropped, want_probs, self._biases[name])
         mode.__enter__()
         _OPEN.set(_OPEN.get() + ((module, mode),))
         return None
@@ -271,17 +387,29 @@ class HFModel(RouteScopeLM):
             _OPEN.set(opened[:-1])
             mode.__exit__(None, None, None)
         tr = runtime.active_trace()
-        if tr is None or not isinstance(output, tuple):
+        if tr is None:
             return None
-        name = self._router_names[id(module)]
-        logits, weights, indices = output[0], output[1], output[2]
-        b = _BATCH.get()
-        for out, x in (("logits", logits), ("indices", indices), ("weights", weights),
-                       ("probs", mode.probs if mode is not None else None)):
-            site = f"{name}.{out}"
-            if x is not None and site in self.sites and tr.wants(site):
-                tr.visit(site, x.reshape(b, -1, x.shape[-1]), 1, self.sites[site].shape)
+        layer = self.routing_modules[self._router_names[id(module)]]
+        logits = output[layer.block.logits_index] if isinstance(output, (tuple, list)) else output
+        self._visit(tr, layer.roles["logits"], logits)
+        if mode is not None and mode.probs is not None:
+            self._visit(tr, layer.roles["probs"], mode.probs)
         return None
+
+    def _experts_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        tr = runtime.active_trace()
+        if tr is None:
+            return None
+        layer = self.routing_modules[self._router_names[id(module)]]
+        params = self._experts_params[layer.name]
+        given = dict(zip(params, args)) | {k: v for k, v in kwargs.items() if k in params}
+        self._visit(tr, layer.roles["indices"], given.get(params[1]))
+        self._visit(tr, layer.roles["weights"], given.get(params[2]))
+        return None
+
+    def _visit(self, tr: runtime.Trace, site: str, x: Any) -> None:
+        if isinstance(x, torch.Tensor) and tr.wants(site):
+            tr.visit(site, x.reshape(_BATCH.get(), -1, x.shape[-1]), 1, self.sites[site].shape)
 
     def _shared_hook(self, layer: str, option: int):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor):
@@ -295,7 +423,7 @@ class HFModel(RouteScopeLM):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor):
             tr = runtime.active_trace()
             if tr is not None and tr.wants(site):
-                tr.visit(site, output.reshape(_BATCH.get(), -1, output.shape[-1]), 1, self.sites[site].shape)
+                self._visit(tr, site, output)
             return None
         return hook
 
@@ -378,7 +506,7 @@ class HFModel(RouteScopeLM):
         """Per token: everything but the experts a token does not use (k of n routed experts)."""
         total = self.num_params()
         for name, m in self.routing_modules.items():
-            experts = self.hf.get_submodule(name.rsplit(".", 1)[0] + ".experts")
+            experts = self.hf.get_submodule(m.block.experts)
             per_expert = sum(p.numel() for p in experts.parameters()) // m.n_experts
             total -= per_expert * (m.n_experts - m.top_k)
         return total
@@ -388,27 +516,6 @@ def _site(name: str, shape: str) -> Site:
     s = Site(shape)
     s.name = name
     return s
-
-
-def _has(model: nn.Module, name: str) -> bool:
-    try:
-        model.get_submodule(name)
-        return True
-    except AttributeError:
-        return False
-
-
-def _routers(hf_model: nn.Module) -> dict[str, nn.Module]:
-    """The routers transformers itself records for `output_router_logits`, by module path."""
-    recorders = getattr(type(hf_model), "_can_record_outputs", None) or {}
-    if not recorders:
-        base = getattr(hf_model, "model", None)
-        recorders = getattr(type(base), "_can_record_outputs", None) or {}
-    rec = recorders.get("router_logits")
-    cls = getattr(rec, "target_class", None)
-    if cls is None:
-        return {}
-    return {name: m for name, m in hf_model.named_modules() if isinstance(m, cls)}
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -429,15 +536,18 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     hf_logging.set_verbosity_error()  # its load report and progress bar go to stderr; RouteScope reports its own
     hf_logging.disable_progress_bar()
     try:
-        if device.type == "meta":
-            with torch.device("meta"):
-                hf = AutoModelForCausalLM.from_config(config.transformers_config())
-        else:
+        with torch.device("meta"):  # shapes only: refuse a routing RouteScope cannot follow before reading weights
+            hf = AutoModelForCausalLM.from_config(config.transformers_config())
+        moe_layout(hf)
+        if device.type != "meta":
             hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
                                                       dtype=dtype, device_map=None)
             hf = hf.to(device)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise ValueError(f"{path}: transformers could not load the model ({str(e).splitlines()[0]})") from None
+    except UnsupportedMoE as e:
+        raise ValueError(f"{path}: model_type {config.model_type!r} is a mixture of experts RouteScope cannot "
+                         f"follow: {e}") from None
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError, SafetensorError) as e:
+        raise ValueError(f"{path}: transformers could not load the model ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
@@ -445,5 +555,5 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     return HFModel(config, hf).eval()
 
 
-__all__ = ["HF_TYPES", "HFConfig", "HFModel", "HFRoutingLayer", "HFType", "check_hf_directory", "hf_param_count",
+__all__ = ["REFUSED", "HFConfig", "HFModel", "HFRoutingLayer", "MoEBlock", "UnsupportedMoE", "check_hf_directory", "hf_param_count",
            "is_hf_config", "load_hf"]
