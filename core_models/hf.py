@@ -60,7 +60,14 @@ from .sites import RoutingLayer, Site
 
 # Model types transformers ships whose routing RouteScope cannot follow yet, each with the reason
 # (plain data: the refusal names it). Every other type is opened by `moe_layout` or refused by it.
-REFUSED: dict[str, str] = {}
+REFUSED: dict[str, str] = {
+    "zaya": "its router is an MLP whose last layer gives the logits (RouteScope masks a dropped expert at the "
+            "router's first linear); not supported yet",
+}
+# The value a dropped expert's logit takes, where -inf does not serve (plain data, one row a type).
+LOGIT_MASK: dict[str, float] = {
+    "phimoe": -1e9,  # its sparsemixer subtracts logits from their maximum: -inf - -inf would be NaN
+}
 WEIGHT_SUFFIXES = (".safetensors",)
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DROPPED_CHOICE = -1e9  # a dropped expert's selection score where -inf would break group sums
@@ -86,7 +93,7 @@ def check_hf_directory(path: str | os.PathLike, d: dict) -> None:
     if not isinstance(model_type, str):
         raise ValueError(f"{path / 'config.json'}: model_type must be a string")
     if model_type in REFUSED:
-        raise ValueError(f"{path}: model_type {model_type!r}: {REFUSED[model_type]}")
+        raise ValueError(f"{path}: model_type {model_type!r} is refused: {REFUSED[model_type]}")
     files = [p.name for p in path.iterdir() if p.is_file()]
     if not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
         pickled = [f for f in files if f.endswith(PICKLED_SUFFIXES)]
@@ -128,7 +135,7 @@ class HFConfig(BaseConfig):
     def transformers_config(self) -> Any:
         from transformers import AutoConfig
 
-        d = json.loads(self.hf_config)
+        d = _decode_floats(json.loads(self.hf_config))
         return AutoConfig.for_model(**d)
 
     @classmethod
@@ -142,6 +149,15 @@ class HFConfig(BaseConfig):
         return cls(model_type=d["model_type"], hf_config=json.dumps(d, sort_keys=True),
                    vocab_size=int(t.get("vocab_size", 1)), context=int(ctx),
                    pad_id=int(pad) if isinstance(pad, int) and not isinstance(pad, bool) else -1)
+
+
+def _decode_floats(x: Any) -> Any:
+    """transformers writes inf and nan in config.json as {"__float__": "Infinity"}: read them back."""
+    if isinstance(x, dict):
+        if set(x) == {"__float__"}:
+            return float(x["__float__"])
+        return {k: _decode_floats(v) for k, v in x.items()}
+    return [_decode_floats(v) for v in x] if isinstance(x, list) else x
 
 
 def _text(d: dict) -> dict:
@@ -191,8 +207,21 @@ def _first_linear(router: nn.Module) -> nn.Linear | None:
         (m for m in router.modules() if isinstance(m, nn.Linear)), None)
 
 
-def _n_experts(router: nn.Module) -> int:
-    """The width of the router's logits: the rows of its own weight, or of its first Linear child."""
+def _n_experts(router: nn.Module, index: int) -> int:
+    """The width of the router's logits at `index` of its output, from one call on one zero token
+    (on a meta model, shapes only); where that call needs more than the hidden state, the rows of its
+    own weight or of its first Linear child."""
+    p = next(router.parameters(), None)
+    lin = _first_linear(router)
+    width = lin.in_features if lin is not None else p.shape[-1] if p is not None and p.dim() == 2 else None
+    if width is not None:
+        try:
+            with torch.no_grad():
+                out = router(torch.zeros(1, width, dtype=p.dtype, device=p.device))
+            logits = out[index] if isinstance(out, (tuple, list)) else out
+            return int(logits.shape[-1])
+        except Exception:  # a router that takes more than the hidden state: fall back on its weights
+            pass
     w = getattr(router, "weight", None)
     if isinstance(w, torch.Tensor) and w.dim() == 2:
         return int(w.shape[0])
@@ -204,7 +233,7 @@ def _n_experts(router: nn.Module) -> int:
 
 def _top_k(router: nn.Module, config: Any) -> int:
     for source in (router, getattr(config, "text_config", None), config):
-        for f in ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k"):
+        for f in ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k", "top_k_experts"):
             v = getattr(source, f, None) if source is not None else None
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 return v
@@ -227,6 +256,13 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
             raise UnsupportedMoE(f"its experts ({experts[0]}, ...) have no router that transformers records "
                                  f"for {ROUTER_LOGITS}")
         return []
+    routed_blocks = {n.rsplit(".", 1)[0] if "." in n else "" for n, _ in routers}
+    orphans = [n for n in named if n.rsplit(".", 1)[-1] == "experts" and (n.rsplit(".", 1)[0] if "." in n else "")
+               not in routed_blocks and not isinstance(named[n], classes)]
+    if orphans:
+        parent = named[orphans[0].rsplit(".", 1)[0]] if "." in orphans[0] else hf_model
+        raise UnsupportedMoE(f"its MoE block {type(parent).__name__} ({orphans[0]}) routes without a router that "
+                             f"transformers records for {ROUTER_LOGITS}")
     blocks = []
     for name, router in routers:
         parent = name.rsplit(".", 1)[0] if "." in name else ""
@@ -248,7 +284,7 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
         gates = [k for k in kids if k.startswith("shared") and "gate" in k]
         blocks.append(MoEBlock(
             router=name, experts=f"{parent}.experts", logits_index=index[next(c for c in classes if isinstance(router, c))],
-            n_experts=_n_experts(router), top_k=_top_k(router, hf_model.config),
+            n_experts=_n_experts(router, index[next(c for c in classes if isinstance(router, c))]), top_k=_top_k(router, hf_model.config),
             shared=f"{parent}.{shared[0]}" if shared else None, shared_gate=f"{parent}.{gates[0]}" if gates else None))
     return blocks
 
@@ -298,9 +334,9 @@ class _InsideRouter(TorchFunctionMode):
     """Watches the ops of one router call: masks the logits (and biased selection scores) of the
     experts the call drops, and keeps the router's probabilities as its own op computed them."""
 
-    def __init__(self, dropped: frozenset[int], want_probs: bool, biases: list[torch.Tensor]) -> None:
+    def __init__(self, dropped: frozenset[int], want_probs: bool, biases: list[torch.Tensor], mask: float) -> None:
         super().__init__()
-        self.dropped, self.want_probs, self.biases = sorted(dropped), want_probs, biases
+        self.dropped, self.want_probs, self.biases, self.mask = sorted(dropped), want_probs, biases, mask
         self.logits: torch.Tensor | None = None
         self.probs: torch.Tensor | None = None
 
@@ -312,7 +348,7 @@ class _InsideRouter(TorchFunctionMode):
         if self.logits is None:
             if func is F.linear:  # the router's linear: its logits
                 if self.dropped:
-                    out = self._mask(out, float("-inf"))
+                    out = self._mask(out, self.mask)
                 self.logits = out
         elif (self.want_probs and self.probs is None and func in _NORMALISERS and isinstance(out, torch.Tensor)
               and out.shape == self.logits.shape):
@@ -374,7 +410,8 @@ class HFModel(RouteScopeLM):
         want_probs = tr is not None and tr.wants(f"{name}.probs")
         if not dropped and not want_probs:
             return None
-        mode = _InsideRouter(dropped, want_probs, self._biases[name])
+        mode = _InsideRouter(dropped, want_probs, self._biases[name],
+                             LOGIT_MASK.get(self.config.model_type, float("-inf")))
         mode.__enter__()
         _OPEN.set(_OPEN.get() + ((module, mode),))
         return None
@@ -446,7 +483,13 @@ class HFModel(RouteScopeLM):
                     raise AblationError(f"invalid ablation: force {layer}:{m.n_experts}: the shared expert always "
                                         "runs; force a routed expert (0.."
                                         f"{m.n_experts - 1}) or drop the shared one")
-                if len(self._dropped_experts(layer, ab)) >= m.n_experts:
+                left = m.n_experts - len(self._dropped_experts(layer, ab))
+                if self.config.model_type in LOGIT_MASK and 0 < left < m.top_k:
+                    raise AblationError(f"invalid ablation: {layer!r} keeps {left} routed expert(s) but "
+                                        f"{self.config.model_type} routes each token to {m.top_k}: with a finite mask "
+                                        "its router would still weight a dropped expert; keep at least "
+                                        f"{m.top_k}")
+                if left <= 0:
                     raise AblationError(f"invalid ablation: drop: every routed expert of layer {layer!r} is "
                                         "dropped; at least one must remain")
         return super().forward(idx, **kw)
@@ -458,12 +501,16 @@ class HFModel(RouteScopeLM):
         if attention is not None and past is not None:
             raise ValueError("padding and a KV cache together are not supported for HF models")
         balance = st.training and bool(self.routing_modules)  # transformers' own load-balancing loss
+        cached = st.cache is not None
         token = _BATCH.set(idx.shape[0])
         try:
             out = self.hf(input_ids=idx, attention_mask=attention, past_key_values=past,
-                          use_cache=past is not None, **({"output_router_logits": True} if balance else {}))
+                          use_cache=cached, **({"output_router_logits": True} if balance else {}))
         finally:
             _BATCH.reset(token)
+        if cached:  # the cache the model made on the first call (its own kind: hybrid and linear-attention
+            st.cache.extra["hf"] = out.past_key_values  # models bring theirs), carried to the next
+
         if balance and getattr(out, "aux_loss", None) is not None:
             st.aux[LOAD_BALANCE] = out.aux_loss
         return out.logits.float()
@@ -496,10 +543,8 @@ class HFModel(RouteScopeLM):
                 hf_logging.enable_progress_bar()
 
     def new_cache(self) -> KVCache:
-        from transformers import DynamicCache
-
         cache = KVCache(0)
-        cache.extra["hf"] = DynamicCache(config=self.hf.config)
+        cache.extra["hf"] = None  # transformers makes the model's own kind of cache on the first call
         return cache
 
     def active_params(self) -> int:

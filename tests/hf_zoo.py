@@ -10,7 +10,7 @@ import json
 import torch
 
 EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-TOPK_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "moe_topk", "moe_k")
+TOPK_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "moe_topk", "moe_k", "top_k_experts")
 LAYER_FIELDS = ("num_hidden_layers", "n_layers", "num_layers")
 N_EXPERTS, TOP_K, N_LAYERS = 8, 2, 4
 
@@ -43,6 +43,10 @@ OVERRIDES: dict[str, dict] = {
     "granitemoehybrid": {"mamba_d_head": 32, "layer_types": ["mamba", "attention", "mamba", "attention"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "zaya": {"num_experts_per_tok": 1},  # its validation accepts top-1 only
+    "doge": {"is_moe": True},  # dense by default; the MoE variant is what this zoo is for
+    "gemma4_text": {"enable_moe_block": True},
+    "gemma4": {"enable_moe_block": True},
+    "dots3_note": {"adapter_in_dim": 64, "adapter_out_dim": 64},  # its vision adapter joins the two widths
 }
 
 
