@@ -172,7 +172,7 @@ def hf_param_count(config: HFConfig) -> int:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config.transformers_config())
+        model = AutoModelForCausalLM.from_config(config.transformers_config(), trust_remote_code=False)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -366,7 +366,8 @@ class HFModel(RouteScopeLM):
         from transformers import AutoModelForCausalLM
 
         self.config, self.context, self.vocab_size = config, config.context, config.vocab_size
-        self.hf = hf_model if hf_model is not None else AutoModelForCausalLM.from_config(config.transformers_config())
+        self.hf = hf_model if hf_model is not None else AutoModelForCausalLM.from_config(
+            config.transformers_config(), trust_remote_code=False)
         layers: dict[str, HFRoutingLayer] = {}
         sites: dict[str, Site] = {}
         self._router_names: dict[int, str] = {}  # id(router or experts module) -> layer name (fixed at load)
@@ -582,10 +583,11 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     hf_logging.disable_progress_bar()
     try:
         with torch.device("meta"):  # shapes only: refuse a routing RouteScope cannot follow before reading weights
-            hf = AutoModelForCausalLM.from_config(config.transformers_config())
+            hf = AutoModelForCausalLM.from_config(config.transformers_config(), trust_remote_code=False)
         moe_layout(hf)
         if device.type != "meta":
             hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
+                                                      trust_remote_code=False,  # never run the directory's code
                                                       dtype=dtype, device_map=None)
             hf = hf.to(device)
     except UnsupportedMoE as e:

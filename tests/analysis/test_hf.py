@@ -264,6 +264,28 @@ def test_unsupported_moe_types_and_pickled_weights_are_refused(tmp_path, saved):
     assert not marker.exists()
 
 
+def test_a_directory_s_own_code_never_runs(tmp_path, saved):
+    """config.json naming code in the directory (auto_map): transformers is never allowed to run it,
+    and nothing asks on stdin whether it may."""
+    m, path = saved("mixtral")
+    d = tmp_path / "remote"
+    d.mkdir()
+    for f in path.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    marker = tmp_path / "ran"
+    (d / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "evil.Cfg", "AutoModelForCausalLM": "evil.Model"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    try:
+        model, _ = load_checkpoint(d)
+    except CheckpointError as e:
+        assert "\n" not in str(e)
+    else:
+        assert model.config.label == "mixtral"
+    assert not marker.exists()
+
+
 def test_the_catalog_lists_an_hf_directory(saved):
     from routescope.analysis.catalog import describe
 
