@@ -210,30 +210,27 @@ def _first_linear(router: nn.Module) -> nn.Linear | None:
 def _n_experts(router: nn.Module, index: int) -> int:
     """The width of the router's logits at `index` of its output, from one call on one zero token
     (on a meta model, shapes only); where that call needs more than the hidden state, the rows of its
-    own weight or of its first Linear child."""
-    p = next(router.parameters(), None)
+    linear (its own weight, or its first Linear child)."""
     lin = _first_linear(router)
-    width = lin.in_features if lin is not None else p.shape[-1] if p is not None and p.dim() == 2 else None
-    if width is not None:
-        try:
-            with torch.no_grad():
-                out = router(torch.zeros(1, width, dtype=p.dtype, device=p.device))
-            logits = out[index] if isinstance(out, (tuple, list)) else out
-            return int(logits.shape[-1])
-        except Exception:  # a router that takes more than the hidden state: fall back on its weights
-            pass
-    w = getattr(router, "weight", None)
-    if isinstance(w, torch.Tensor) and w.dim() == 2:
+    w = lin.weight if lin is not None else getattr(router, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise UnsupportedMoE(f"its router {type(router).__name__} has no linear to read the experts' count from")
+    try:
+        with torch.no_grad():
+            out = router(torch.zeros(1, w.shape[1], dtype=w.dtype, device=w.device))
+        return int((out[index] if isinstance(out, (tuple, list)) else out).shape[-1])
+    except Exception:  # a router that takes more than the hidden state: its linear's rows
         return int(w.shape[0])
-    lin = _first_linear(router)
-    if lin is not None:
-        return int(lin.out_features)
-    raise UnsupportedMoE(f"its router {type(router).__name__} has no linear to read the experts' count from")
+
+
+TOP_K_FIELDS = ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k",
+                "top_k_experts")
 
 
 def _top_k(router: nn.Module, config: Any) -> int:
+    """Experts per token: the router's `top_k`, else the (text) config's field for it."""
     for source in (router, getattr(config, "text_config", None), config):
-        for f in ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k", "top_k_experts"):
+        for f in TOP_K_FIELDS:
             v = getattr(source, f, None) if source is not None else None
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 return v
@@ -282,10 +279,11 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
         shared = [k for k, m in kids.items() if k.startswith("shared") and "gate" not in k
                   and any(True for _ in m.parameters())]
         gates = [k for k in kids if k.startswith("shared") and "gate" in k]
-        blocks.append(MoEBlock(
-            router=name, experts=f"{parent}.experts", logits_index=index[next(c for c in classes if isinstance(router, c))],
-            n_experts=_n_experts(router, index[next(c for c in classes if isinstance(router, c))]), top_k=_top_k(router, hf_model.config),
-            shared=f"{parent}.{shared[0]}" if shared else None, shared_gate=f"{parent}.{gates[0]}" if gates else None))
+        at = index[next(c for c in classes if isinstance(router, c))]
+        blocks.append(MoEBlock(router=name, experts=f"{parent}.experts", logits_index=at,
+                               n_experts=_n_experts(router, at), top_k=_top_k(router, hf_model.config),
+                               shared=f"{parent}.{shared[0]}" if shared else None,
+                               shared_gate=f"{parent}.{gates[0]}" if gates else None))
     return blocks
 
 
@@ -299,8 +297,8 @@ class HFRoutingLayer(RoutingLayer):
 
     def __init__(self, block: MoEBlock, roles: dict[str, str]) -> None:
         super().__init__()
-        self.name, self.n_experts, self.top_k, self.shared = block.router, block.n_experts, block.top_k, bool(block.shared)
-        self.block = block
+        self.block, self.name, self.n_experts, self.top_k = block, block.router, block.n_experts, block.top_k
+        self.shared = bool(block.shared)
         self.n_options = self.n_experts + self.shared
         self.roles = roles
 
@@ -594,7 +592,8 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         raise ValueError(f"{path}: model_type {config.model_type!r} is a mixture of experts RouteScope cannot "
                          f"follow: {e}") from None
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError, SafetensorError) as e:
-        raise ValueError(f"{path}: transformers could not load the model ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path}: transformers could not load the model ({first})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
@@ -602,5 +601,5 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     return HFModel(config, hf).eval()
 
 
-__all__ = ["REFUSED", "HFConfig", "HFModel", "HFRoutingLayer", "MoEBlock", "UnsupportedMoE", "check_hf_directory", "hf_param_count",
-           "is_hf_config", "load_hf"]
+__all__ = ["LOGIT_MASK", "REFUSED", "HFConfig", "HFModel", "HFRoutingLayer", "MoEBlock", "UnsupportedMoE",
+           "check_hf_directory", "hf_param_count", "is_hf_config", "load_hf", "moe_layout"]

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_zoo import moe_types, tiny_moe
+from hf_zoo import N_LAYERS, moe_types, tiny_moe
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.generate import generate
 from routescope.core_models.hf import LOGIT_MASK
@@ -66,11 +66,19 @@ def masked(model, dropped: dict[str, list[int]], n_experts: dict[str, int], valu
             inside[current[-1]] = False
             out = out.index_fill(-1, torch.tensor(dropped[current[-1]]), value)
         return out
+    def enter(name):
+        def hook(module, args):
+            current.append(name)
+            inside[name] = True
+        return hook
+
+    def leave(module, args, output):
+        current.pop()
+
     hs = []
     for name in dropped:
         r = model.get_submodule(name)
-        hs.append(r.register_forward_pre_hook(lambda m, a, name=name: (current.append(name), inside.update({name: True}))[0] and None))
-        hs.append(r.register_forward_hook(lambda m, a, o: current.pop() and None))
+        hs += [r.register_forward_pre_hook(enter(name)), r.register_forward_hook(leave)]
         for bname, buf in [*r.named_buffers(), *r.named_parameters()]:  # a selection bias: one entry per expert
             if bname.endswith("bias") and buf.shape[-1] == n_experts[name]:
                 with torch.no_grad():
@@ -145,15 +153,18 @@ def verified(model_type: str, tmp_root: str) -> str:
 
     # drop each end layer's most used expert; force the second most used at the first layer
     first, last = layers[0], layers[-1]
-    def used(i):
-        return torch.bincount(want[i][0].flatten(), minlength=model.routing_modules[layers[i]].n_experts).argsort(descending=True)
+    n_first = model.routing_modules[first].n_experts
+
+    def used(i):  # experts of routing layer i, most picked first
+        n = model.routing_modules[layers[i]].n_experts
+        return torch.bincount(want[i][0].flatten(), minlength=n).argsort(descending=True)
     drops = {first: [int(used(0)[0])], last: [int(used(-1)[0])]} if first != last else {first: [int(used(0)[0])]}
     for ab, dropped in (
         (Ablation.parse(drop=[f"{layer}:{e[0]}" for layer, e in drops.items()]), drops),
         (Ablation.parse(force=[f"{first}:{int(used(0)[1])}"]),
-         {first: [j for j in range(model.routing_modules[first].n_experts) if j != int(used(0)[1])]}),
+         {first: [j for j in range(n_first) if j != int(used(0)[1])]}),
     ):
-        if model_type in LOGIT_MASK and len(dropped[first]) > model.routing_modules[first].n_experts - model.routing_modules[first].top_k:
+        if model_type in LOGIT_MASK and n_first - len(dropped[first]) < model.routing_modules[first].top_k:
             with pytest.raises(AblationError, match="keep at least"):  # a finite mask cannot force below top-k
                 model(torch.tensor(IDS), ablation=ab)
             continue
@@ -224,7 +235,8 @@ def support_table(tmp_root: str) -> str:
             continue
         row = coverage(t, tmp_root)
         if status == "opened":
-            lines.append(f"| `{t}` | opens, routes as transformers | {len(row['model'].routing_layers())} of 4 layers |")
+            n = len(row["model"].routing_layers())
+            lines.append(f"| `{t}` | opens, routes as transformers | {n} of {N_LAYERS} layers |")
         else:
             lines.append(f"| `{t}` | refused | {row['why'].split(': ', 1)[-1].replace('|', '/')} |")
     return "\n".join(lines + [END])
