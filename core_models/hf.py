@@ -151,6 +151,12 @@ class HFConfig(BaseConfig):
                    pad_id=int(pad) if isinstance(pad, int) and not isinstance(pad, bool) else -1)
 
 
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
 def _decode_floats(x: Any) -> Any:
     """transformers writes inf and nan in config.json as {"__float__": "Infinity"}: read them back."""
     if isinstance(x, dict):
@@ -575,6 +581,11 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         raise ValueError(f"{path}: a Hugging Face transformers model ({d.get('model_type')}) needs the hf extra: "
                          "pip install -c constraints.txt -c constraints-hf.txt -e '.[hf]'") from None
 
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if d.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:  # before transformers lists its ~900 names
+        raise ValueError(f"{path}: model_type {d.get('model_type')!r} is not a causal language model this "
+                         f"transformers ({_transformers_version()}) knows")
     config = HFConfig.from_hf_dict(d)
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # its load report and progress bar go to stderr; RouteScope reports its own
@@ -593,6 +604,7 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
                          f"follow: {e}") from None
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, AttributeError, SafetensorError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0]
+        first = first if len(first) <= 300 else first[:300] + "…"
         raise ValueError(f"{path}: transformers could not load the model ({first})") from None
     finally:
         hf_logging.set_verbosity(verbosity)

@@ -249,6 +249,13 @@ def test_unsupported_moe_types_and_pickled_weights_are_refused(tmp_path, saved):
     with pytest.raises(CheckpointError, match=r"cannot follow: .*without the top-k indices and weights") as e:
         load_checkpoint(other)
     assert "\n" not in str(e.value)
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "no_such_moe", "num_experts": 8}))
+    (unknown / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="'no_such_moe' is not a causal language model") as e:
+        load_checkpoint(unknown)
+    assert len(str(e.value)) < 300  # not transformers' list of every type it knows
     m, path = saved("mixtral")
     pickled = tmp_path / "pickled"
     pickled.mkdir()
