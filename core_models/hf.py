@@ -376,7 +376,6 @@ class HFModel(RouteScopeLM):
         sites: dict[str, Site] = {}
         self._router_names: dict[int, str] = {}  # id(router or experts module) -> layer name (fixed at load)
         self._biases: dict[str, list[torch.Tensor]] = {}
-        self._experts_params: dict[str, list[str]] = {}  # layer -> names of (hidden, indices, weights)
         for block in moe_layout(self.hf):
             name, n, k = block.router, block.n_experts, block.top_k
             router = self.hf.get_submodule(name)
@@ -390,13 +389,12 @@ class HFModel(RouteScopeLM):
                 sites[site] = _site(site, shapes[role])
             layers[name] = HFRoutingLayer(block, roles)
             self._router_names[id(router)] = name
-            self._router_names[id(self.hf.get_submodule(block.experts))] = name
-            self._biases[name] = _choice_biases(router, n)
             experts = self.hf.get_submodule(block.experts)
-            self._experts_params[name] = list(inspect.signature(experts.forward).parameters)[:3]
+            self._router_names[id(experts)] = name
+            self._biases[name] = _choice_biases(router, n)
             router.register_forward_pre_hook(self._router_pre)
             router.register_forward_hook(self._router_post, always_call=True)
-            self.hf.get_submodule(block.experts).register_forward_pre_hook(self._experts_pre, with_kwargs=True)
+            experts.register_forward_pre_hook(self._experts_pre)
             if block.shared:
                 self.hf.get_submodule(block.shared).register_forward_hook(self._shared_hook(name, n))
             if block.shared_gate:
@@ -438,15 +436,15 @@ class HFModel(RouteScopeLM):
             self._visit(tr, layer.roles["probs"], mode.probs)
         return None
 
-    def _experts_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _experts_pre(self, module: nn.Module, args: tuple) -> None:
+        """Every MoE block transformers ships calls experts(hidden, top_k_index, top_k_weights) positionally
+        (tests/analysis/test_hf_coverage.py checks each type): a plain pre-hook, the cheapest idle."""
         tr = runtime.active_trace()
-        if tr is None:
+        if tr is None or len(args) < 3:
             return None
         layer = self.routing_modules[self._router_names[id(module)]]
-        params = self._experts_params[layer.name]
-        given = dict(zip(params, args)) | {k: v for k, v in kwargs.items() if k in params}
-        self._visit(tr, layer.roles["indices"], given.get(params[1]))
-        self._visit(tr, layer.roles["weights"], given.get(params[2]))
+        self._visit(tr, layer.roles["indices"], args[1])
+        self._visit(tr, layer.roles["weights"], args[2])
         return None
 
     def _visit(self, tr: runtime.Trace, site: str, x: Any) -> None:
