@@ -39,7 +39,7 @@ import torch
 
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.runtime import Ablation, Trace, tracing
-from routescope.core_models.sites import site_name
+from routescope.core_models.sites import CHOICE, INDICES, PROBS, WEIGHTS, site_name
 from routescope.core_models.wiola import ATM, ATM_TAU
 
 from . import columns as C
@@ -195,8 +195,8 @@ def _papaformer_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: R
     parts = []
     if "gumbel_routes" in views:
         g = views["gumbel_routes"].frame
-        parts.append(export_rows(g, site=_sites(g[C.LAYER], "router", "probs"), kind="prob", value=C.PROB,
-                                 selected=C.SELECTED))
+        probs = {name: m.roles[PROBS] for name, m in model.routing_modules.items() if PROBS in m.roles}
+        parts.append(export_rows(g, site=g[C.LAYER].map(probs), kind="prob", value=C.PROB, selected=C.SELECTED))
     cos = views["cosine_dominance"].frame
     notes = list(cos.attrs.get("notes", []))
     cos = cos[cos[C.COSINE].notna()]
@@ -212,7 +212,7 @@ def papaformer_token_routes(trace: Trace, model: RouteScopeLM) -> np.ndarray:
     per_layer = []
     cos = None
     for layer in _parallel_layers(model):
-        choice = site_name(layer, "router", "choice")
+        choice = model.routing_modules[layer].roles.get(CHOICE)
         if model.routing_modules[layer].stochastic:
             if choice not in trace:
                 raise ValueError(f"the trace has no site {choice!r}")
@@ -240,7 +240,7 @@ def _papaformer_route_sites(model: RouteScopeLM) -> list[str]:
     out = []
     for layer, m in model.routing_modules.items():
         if m.stochastic:
-            out.append(site_name(layer, "router", "choice"))
+            out.append(m.roles[CHOICE])
         else:
             out += [site_name(layer, "combined")] + [site_name(layer, "paths", j, "out") for j in range(len(m.paths))]
     return out
@@ -263,64 +263,60 @@ def _papaformer_reader(model: RouteScopeLM) -> RouteReader:
         "the paper (route r = path r - 1).", table6=True)
 
 
-# --- top-k routers: MoEP (`<layer>.router.*`) and Hugging Face MoE (`<router>.*`) ------------------
+# --- top-k routers: MoEP and Hugging Face MoE (sites from each layer's roles) ----------------------
 
-def _topk_views(router: str) -> Views:
-    def views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
-        return views_of(("topk_routes", R.topk_routes(trace, router), "topk_choice"),
-                        ("topk_utilisation", R.topk_utilisation(trace, router), "utilisation"),
-                        ("topk_coselection", R.topk_coselection(trace, router), "coselection"))
-    return views
+def _topk_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+    return views_of(("topk_routes", R.topk_routes(trace, model), "topk_choice"),
+                    ("topk_utilisation", R.topk_utilisation(trace, model), "utilisation"),
+                    ("topk_coselection", R.topk_coselection(trace, model), "coselection"))
 
 
-def _topk_export(router: str) -> Export:
+def _topk_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     """Rows of top-k routers: "prob" per option where the router computes probabilities (selected =
     in its top-k), "weight" per selected option as the router returned it."""
-    def export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
-        parts = []
-        for layer in R.topk_layers(trace, router):
-            probs_site = site_name(layer, router, "probs")
-            if probs_site not in trace:  # gpt-oss: the router computes no probabilities over its experts
-                continue
-            probs = trace[probs_site].float()  # (B, T, n)
-            idx = trace[site_name(layer, router, "indices")]  # (B, T, k)
-            sel = np.zeros(probs.shape, dtype=bool)
-            np.put_along_axis(sel, idx.numpy(), True, axis=-1)
-            B, T, n = probs.shape
-            b, t, o = R.grid_indices(B, T, n)
-            df = pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o,
-                               C.PROB: probs.numpy().ravel(), C.SELECTED: sel.ravel()})
-            parts.append(export_rows(df, site=probs_site, kind="prob", value=C.PROB, selected=C.SELECTED))
-        w = views["topk_routes"].frame
-        parts.append(export_rows(w, site=_sites(w[C.LAYER], *([router] if router else []), "weights"), kind="weight",
-                                 value=C.WEIGHT, selected=True))
-        return parts, []
-    return export
+    parts = []
+    layers = R.topk_layers(trace, model)
+    for layer, roles in layers.items():
+        if roles.get(PROBS) not in trace:  # gpt-oss: the router computes no probabilities over its experts
+            continue
+        probs = trace[roles[PROBS]].float()  # (B, T, n)
+        idx = trace[roles[INDICES]]  # (B, T, k)
+        sel = np.zeros(probs.shape, dtype=bool)
+        np.put_along_axis(sel, idx.numpy(), True, axis=-1)
+        B, T, n = probs.shape
+        b, t, o = R.grid_indices(B, T, n)
+        df = pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o,
+                           C.PROB: probs.numpy().ravel(), C.SELECTED: sel.ravel()})
+        parts.append(export_rows(df, site=roles[PROBS], kind="prob", value=C.PROB, selected=C.SELECTED))
+    w = views["topk_routes"].frame
+    weights = {layer: roles[WEIGHTS] for layer, roles in layers.items()}
+    parts.append(export_rows(w, site=w[C.LAYER].map(weights), kind="weight", value=C.WEIGHT, selected=True))
+    return parts, []
 
 
-def _topk_reader(router: str, describe: Callable[[RouteScopeLM], str]) -> Callable[[RouteScopeLM], RouteReader]:
+def _topk_reader(describe: Callable[[RouteScopeLM], str]) -> Callable[[RouteScopeLM], RouteReader]:
     """Routes of top-k routing layers: each token's first choice, the option its router gave the
     largest weight (read from the recorded weights: a router may return its picks unsorted, as
     DeepSeek-V3's does), and every pick (`topk`)."""
     def reader(model: RouteScopeLM) -> RouteReader:
         layers = list(model.routing_layers())
         labels = R.option_names(model.option_labels(), layers)
+        roles = [model.routing_modules[l].roles for l in layers]
 
         def routes(tr: Any) -> np.ndarray:  # (L, B, T)
             out = []
-            for l in layers:
-                idx, w = tr[site_name(l, router, "indices")], tr[site_name(l, router, "weights")].float()
+            for r in roles:
+                idx, w = tr[r[INDICES]], tr[r[WEIGHTS]].float()
                 out.append(idx.gather(-1, w.argmax(-1, keepdim=True))[..., 0].cpu().numpy())
             return np.stack(out).astype(np.int64) + 1
 
         def topk(tr: Any) -> np.ndarray:  # (L, B, T, k): every pick; a layer with a smaller k padded with 0
-            idx = [tr[site_name(l, router, "indices")].cpu().numpy().astype(np.int64) + 1 for l in layers]
+            idx = [tr[r[INDICES]].cpu().numpy().astype(np.int64) + 1 for r in roles]
             k = max(i.shape[-1] for i in idx)
             return np.stack([np.pad(i, [(0, 0)] * (i.ndim - 1) + [(0, k - i.shape[-1])]) for i in idx])
 
-        sites = [site_name(l, router, s) for l in layers for s in ("indices", "weights")]
-        mods = [model.routing_modules[l] for l in layers]
-        routed = tuple(m.n_options - int(bool(getattr(m, "shared", False))) for m in mods)  # HF shared experts: no pick
+        sites = [r[s] for r in roles for s in (INDICES, WEIGHTS)]
+        routed = tuple(model.routing_modules[l].n_routed for l in layers)
         return RouteReader(layers, labels, sites, routes, describe(model), topk=topk, routed=routed)
     return reader
 
@@ -429,10 +425,9 @@ def _llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunVie
 # config.family -> its analysis; families not listed get GENERIC (register_family_analysis adds one)
 FAMILIES: dict[str, FamilyAnalysis] = {
     "papaformer": FamilyAnalysis(views=_papaformer_views, export=_papaformer_export, route_reader=_papaformer_reader),
-    "moep": FamilyAnalysis(views=_topk_views("router"), export=_topk_export("router"),
-                           route_reader=_topk_reader("router", _moep_description)),
+    "moep": FamilyAnalysis(views=_topk_views, export=_topk_export, route_reader=_topk_reader(_moep_description)),
     # transformers MoE models: their routers are the routing layers (`model.layers.3.mlp.gate.indices`)
-    "hf": FamilyAnalysis(views=_topk_views(""), export=_topk_export(""), route_reader=_topk_reader("", _hf_description)),
+    "hf": FamilyAnalysis(views=_topk_views, export=_topk_export, route_reader=_topk_reader(_hf_description)),
     "pgpt": FamilyAnalysis(views=_pgpt_views, export=_pgpt_export),
     "wiola": FamilyAnalysis(views=_wiola_views, export=_wiola_export, second_pass=_wiola_merge_pass, controls=(
         SidebarControl(ATM_TAU, "Token merging (ATM)", "ATM threshold tau", 0.0, 1.0, 0.01),)),

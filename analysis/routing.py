@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.runtime import Trace
-from routescope.core_models.sites import OPTION_WEIGHTS, site_name
+from routescope.core_models.sites import CHOICE, INDICES, LOGITS, OPTION_WEIGHTS, PROBS, WEIGHTS, site_name
 
 from . import columns as C
 
@@ -88,12 +88,12 @@ def gumbel_routes(trace: Trace, model: RouteScopeLM, *, n_samples: int = 0, seed
     frames = []
     for layer, m in layers.items():
         labels = np.array(m.option_labels())
-        logits = site(trace, site_name(layer, "router", "logits")).float()  # (B, T, n)
-        probs = site(trace, site_name(layer, "router", "probs")).float()
+        roles = m.roles
+        logits = site(trace, roles[LOGITS]).float()  # (B, T, n)
+        probs = site(trace, roles[PROBS]).float()
         B, T, n = logits.shape
         arg = logits.argmax(-1)  # (B, T)
-        name = site_name(layer, "router", "choice")
-        choice = trace[name] if name in trace else arg
+        choice = trace[roles[CHOICE]] if roles[CHOICE] in trace else arg
         if n_samples:
             noisy = logits.unsqueeze(0) + gumbel_noise((n_samples, B, T, n), gen)
             stab = (noisy.argmax(-1) == arg).float().mean(0)  # (B, T)
@@ -128,7 +128,7 @@ def option_weights(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     family that has none of its own; layers without the site have no rows."""
     frames = []
     for layer, m in model.routing_modules.items():
-        name = site_name(layer, OPTION_WEIGHTS)
+        name = m.roles.get(OPTION_WEIGHTS)
         if name not in trace:
             continue
         w = trace[name].float()  # (B, T, n)
@@ -142,28 +142,28 @@ def option_weights(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
 
 
 # --- top-k routers (MoEP, Hugging Face MoE) ----------------------------------------------------
-# A top-k routing layer records `<layer>.<router>.indices` / `.weights` / `.logits` (and `.probs`
-# where the router computes probabilities); `router` is the part between the layer and the output
-# names: "router" for MoEP (`moe_shrink.router.indices`), "" for a transformers router, whose
-# module is itself the routing layer (`model.layers.3.mlp.gate.indices`).
+# A top-k routing layer declares the sites of its routing roles (`RoutingLayer.roles`): INDICES and
+# WEIGHTS of its picks, LOGITS, and PROBS where its router computes probabilities. MoEP's sit under
+# its router (`moe_shrink.router.indices`), a transformers router's on itself
+# (`model.layers.3.mlp.gate.indices`); these functions only ask the layer.
 
-def topk_layers(trace: Trace, router: str = "router") -> list[str]:
-    """Routing layers with a top-k router in the trace, in forward order."""
-    end = "." + site_name(router, "indices")
-    return [n[: -len(end)] for n in trace.names() if n.endswith(end)]
+def topk_layers(trace: Trace, model: RouteScopeLM) -> dict[str, dict[str, str]]:
+    """Routing layers whose top-k picks the trace recorded -> their role sites, in module order."""
+    return {name: m.roles for name, m in model.routing_modules.items()
+            if INDICES in m.roles and m.roles[INDICES] in trace}
 
 
-def topk_routes(trace: Trace, router: str = "router") -> pd.DataFrame:
+def topk_routes(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     """Per batch row, position and top-k routing layer, the selected options in the order the
     router returned them: rank (0 = the largest weight, the first choice), option, weight as the
     router returned it and router probability (NaN where the router computes none)."""
     frames = []
-    for layer in topk_layers(trace, router):
-        idx = trace[site_name(layer, router, "indices")]  # (B, T, k)
-        w = trace[site_name(layer, router, "weights")].float()  # (B, T, k)
-        probs_site = site_name(layer, router, "probs")
+    for layer, roles in topk_layers(trace, model).items():
+        idx = trace[roles[INDICES]]  # (B, T, k)
+        w = trace[roles[WEIGHTS]].float()  # (B, T, k)
         B, T, k = idx.shape
-        prob = _np(trace[probs_site].float().gather(-1, idx)).ravel() if probs_site in trace else np.full(B * T * k, np.nan)
+        probs = roles.get(PROBS)
+        prob = _np(trace[probs].float().gather(-1, idx)).ravel() if probs in trace else np.full(B * T * k, np.nan)
         b, t, _ = grid_indices(B, T, k)
         # rank by weight: a router may return its choices unsorted (DeepSeek-V3's topk(sorted=False))
         rank = torch.argsort(torch.argsort(-w, dim=-1, stable=True), dim=-1)
@@ -174,29 +174,25 @@ def topk_routes(trace: Trace, router: str = "router") -> pd.DataFrame:
     return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.RANK, C.OPTION, C.WEIGHT, C.PROB])
 
 
-def _n_experts(trace: Trace, layer: str, router: str) -> int:
-    return trace[site_name(layer, router, "logits")].shape[-1]
-
-
-def topk_utilisation(trace: Trace, router: str = "router") -> pd.DataFrame:
+def topk_utilisation(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     """Per top-k layer and option: tokens that selected it, tokens routed, and the share of tokens
     selecting it (shares of a layer sum to k)."""
     rows = []
-    for layer in topk_layers(trace, router):
-        idx = trace[site_name(layer, router, "indices")]
-        n = _n_experts(trace, layer, router)
+    for layer, roles in topk_layers(trace, model).items():
+        idx = trace[roles[INDICES]]
+        n = trace[roles[LOGITS]].shape[-1]
         n_tok = idx.shape[0] * idx.shape[1]
         counts = torch.bincount(idx.flatten(), minlength=n)
         rows += [(layer, o, int(counts[o]), n_tok, float(counts[o]) / n_tok) for o in range(n)]
     return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION, C.COUNT, C.N_TOKENS, C.SHARE])
 
 
-def topk_coselection(trace: Trace, router: str = "router") -> pd.DataFrame:
+def topk_coselection(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     """Per top-k layer and option pair (a < b): how many tokens selected both together."""
     rows = []
-    for layer in topk_layers(trace, router):
-        idx = trace[site_name(layer, router, "indices")]
-        n = _n_experts(trace, layer, router)
+    for layer, roles in topk_layers(trace, model).items():
+        idx = trace[roles[INDICES]]
+        n = trace[roles[LOGITS]].shape[-1]
         sel = F.one_hot(idx, n).sum(-2).flatten(0, 1).clamp(max=1).float()  # (N, n) 0/1
         both = sel.T @ sel  # (n, n) tokens selecting both
         rows += [(layer, a, b, int(both[a, b])) for a, b in itertools.combinations(range(n), 2)]

@@ -55,7 +55,7 @@ from . import runtime
 from .base import RouteScopeLM
 from .config import BaseConfig
 from .runtime import AblationError, KVCache
-from .sites import RoutingLayer, Site
+from .sites import INDICES, LOGITS, PROBS, WEIGHTS, RoutingLayer, Site, site_name
 
 
 # Model types transformers ships whose routing RouteScope cannot follow yet, each with the reason
@@ -306,7 +306,15 @@ class HFRoutingLayer(RoutingLayer):
         self.block, self.name, self.n_experts, self.top_k = block, block.router, block.n_experts, block.top_k
         self.shared = bool(block.shared)
         self.n_options = self.n_experts + self.shared
-        self.roles = roles
+        self._roles = roles
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return self._roles
+
+    @property
+    def n_routed(self) -> int:
+        return self.n_experts  # the shared expert runs for every token
 
     def option_labels(self) -> list[str]:
         return [f"expert {j}" for j in range(self.n_experts)] + (["shared expert"] if self.shared else [])
@@ -379,12 +387,11 @@ class HFModel(RouteScopeLM):
         for block in moe_layout(self.hf):
             name, n, k = block.router, block.n_experts, block.top_k
             router = self.hf.get_submodule(name)
-            roles = {"logits": f"{name}.logits", "indices": f"{name}.indices", "weights": f"{name}.weights",
-                     "probs": f"{name}.probs"}
-            shapes = {"logits": f"[batch, pos, {n}] router logits (dropped experts -inf)",
-                      "indices": f"[batch, pos, {k}] experts the block routed to (the experts module's input)",
-                      "weights": f"[batch, pos, {k}] their weights (the experts module's input)",
-                      "probs": f"[batch, pos, {n}] the router's own probabilities (where it computes them)"}
+            shapes = {LOGITS: f"[batch, pos, {n}] router logits (dropped experts -inf)",
+                      INDICES: f"[batch, pos, {k}] experts the block routed to (the experts module's input)",
+                      WEIGHTS: f"[batch, pos, {k}] their weights (the experts module's input)",
+                      PROBS: f"[batch, pos, {n}] the router's own probabilities (where it computes them)"}
+            roles = {role: site_name(name, role) for role in shapes}
             for role, site in roles.items():
                 sites[site] = _site(site, shapes[role])
             layers[name] = HFRoutingLayer(block, roles)
@@ -431,9 +438,9 @@ class HFModel(RouteScopeLM):
             return None
         layer = self.routing_modules[self._router_names[id(module)]]
         logits = output[layer.block.logits_index] if isinstance(output, (tuple, list)) else output
-        self._visit(tr, layer.roles["logits"], logits)
+        self._visit(tr, layer.roles[LOGITS], logits)
         if mode is not None and mode.probs is not None:
-            self._visit(tr, layer.roles["probs"], mode.probs)
+            self._visit(tr, layer.roles[PROBS], mode.probs)
         return None
 
     def _experts_pre(self, module: nn.Module, args: tuple) -> None:
@@ -443,8 +450,8 @@ class HFModel(RouteScopeLM):
         if tr is None or len(args) < 3:
             return None
         layer = self.routing_modules[self._router_names[id(module)]]
-        self._visit(tr, layer.roles["indices"], args[1])
-        self._visit(tr, layer.roles["weights"], args[2])
+        self._visit(tr, layer.roles[INDICES], args[1])
+        self._visit(tr, layer.roles[WEIGHTS], args[2])
         return None
 
     def _visit(self, tr: runtime.Trace, site: str, x: Any) -> None:

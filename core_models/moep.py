@@ -92,7 +92,7 @@ from .config import BaseConfig
 from .layers import Block, BlockSpec, init_weights, scaled_residual_init
 from .pgpt import GPTEmbedding
 from .routers import Route, TopKRouter
-from .sites import RoutingLayer, Site
+from .sites import INDICES, LOGITS, PROBS, WEIGHTS, RoutingLayer, Site, site_name
 
 EXPERTS = ("linear", "swiglu")
 BLOCK_FFNS = ("gelu", "swiglu")  # Table 2 "FF type": MLP (GPT-2's GELU) or SwiGLU
@@ -233,11 +233,16 @@ def make_expert(c: MoEPConfig, in_dim: int, out_dim: int) -> nn.Module:
     return LinearExpert(in_dim, out_dim)
 
 
+# the sites of TopKRouter (`<layer>.router.*`) by routing role
+TOPK_ROLES = {role: site_name("router", role) for role in (LOGITS, PROBS, INDICES, WEIGHTS)}
+
+
 class MoE(RoutingLayer):
     """Token-level top-k mixture of E experts in_dim -> out_dim; each expert sees only its tokens."""
 
     option_noun = "expert"
     can_force = True  # the top-k router decides
+    role_sites = TOPK_ROLES
 
     def __init__(self, c: MoEPConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
@@ -289,6 +294,7 @@ class ParallelLayer(RoutingLayer):
 
     option_noun = "block"
     can_force = True  # the top-k router decides
+    role_sites = TOPK_ROLES
 
     def __init__(self, c: MoEPConfig) -> None:
         super().__init__()

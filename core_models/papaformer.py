@@ -55,7 +55,7 @@ from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import ROPES, Block, BlockSpec, RMSNorm, init_weights
 from .routers import AUX_BALANCE, AUX_ENTROPY, AUX_ROUTE, AUX_Z, GUMBEL_TAU, ROUTE_TARGETS, GumbelRouter
-from .sites import RoutingLayer, Site
+from .sites import CHOICE, LOGITS, OPTION_WEIGHTS, PROBS, RoutingLayer, Site, site_name
 
 COMBINERS = ("share_linear", "gumbel_v1", "gumbel_v2")
 
@@ -172,6 +172,15 @@ class ParallelLayer(RoutingLayer):
 
     def option_labels(self) -> list[str]:
         return [f"path {j}" for j in range(len(self.paths))] + ["combined"] * (self.router is not None)
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """A Gumbel router's sites; Share-Linear has no router (its routes are read from the path
+        and combined outputs by cosine dominance)."""
+        if self.router is None:
+            return {}
+        rel = {LOGITS: "logits", PROBS: "probs", CHOICE: "choice", OPTION_WEIGHTS: "weights"}
+        return {role: site_name(self.name, "router", s) for role, s in rel.items()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Share-Linear has no router: forcing a path drops the others; a Gumbel router gets the force

@@ -20,9 +20,18 @@ from torch import nn
 
 from . import runtime
 
-# Site of a routing layer, relative to it, that generic analyses read when a family has no analysis
-# of its own: [batch, pos, n_options] weight of each option in this call (0 where unused or dropped).
+# Routing roles: what a routing layer's sites mean. Analysis asks a layer for the site of a role
+# (`layer.roles[INDICES]`) and never builds a site name, so our routers (`moe_shrink.router.indices`)
+# and transformers' (`model.layers.3.mlp.gate.indices`) read alike.
+LOGITS = "logits"  # [batch, pos, n] router logits
+PROBS = "probs"  # [batch, pos, n] router probabilities (absent where the router computes none: gpt-oss)
+INDICES = "indices"  # [batch, pos, k] selected options (int64), as the router returned them
+WEIGHTS = "weights"  # [batch, pos, k] weight of each selected option, aligned with INDICES
+CHOICE = "choice"  # [batch, pos] the one chosen option (int64)
+# [batch, pos, n_options] weight of each option in this call (0 where unused or dropped); also the
+# site, relative to the layer, that generic analyses read when a family has no analysis of its own
 OPTION_WEIGHTS = "option_weights"
+ROLES = (LOGITS, PROBS, INDICES, WEIGHTS, CHOICE, OPTION_WEIGHTS)
 
 
 def site_name(*parts: object) -> str:
@@ -65,9 +74,23 @@ class RoutingLayer(nn.Module):
     stochastic: bool = False
     n_options: int
     name: str = ""  # module path, set by name_sites
+    # role -> its site's path relative to the layer; a layer whose sites depend on its build
+    # overrides `roles` instead
+    role_sites: ClassVar[dict[str, str]] = {OPTION_WEIGHTS: OPTION_WEIGHTS}
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """Routing role (`ROLES`) -> the full name of the site that records it."""
+        return {role: site_name(self.name, rel) for role, rel in self.role_sites.items()}
 
     def option_labels(self) -> list[str]:
         return [f"{self.option_noun} {j}" for j in range(self.n_options)]
+
+    @property
+    def n_routed(self) -> int:
+        """How many of the options (the first ones) a router picks among; later ones run for every
+        token (a shared expert)."""
+        return self.n_options
 
     def dropped(self) -> frozenset[int]:
         """Options the call in progress drops at this layer."""

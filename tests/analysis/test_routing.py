@@ -14,7 +14,8 @@ from routescope.analysis import columns as C
 from routescope.analysis import routing as R
 from routescope.core_models import Ablation, tracing
 from routescope.core_models.generate import generate
-from tiny_models import tiny_model
+from routescope.core_models.sites import INDICES, LOGITS, OPTION_WEIGHTS, PROBS, ROLES, WEIGHTS
+from tiny_models import TINY, tiny_model
 from tolerances import assert_close_to_scale
 
 
@@ -88,11 +89,11 @@ def test_gumbel_routes_rejects_other_models():
 def test_topk_routes_utilisation_and_coselection(key):
     model = tiny_model(key)
     tr = run(model, ids(2, 7))
-    routes = R.topk_routes(tr)
-    util = R.topk_utilisation(tr)
-    co = R.topk_coselection(tr)
+    routes = R.topk_routes(tr, model)
+    util = R.topk_utilisation(tr, model)
+    co = R.topk_coselection(tr, model)
     layers = ["moe_shrink", "parallel.0", "parallel.1", "moe_grow"]
-    assert R.topk_layers(tr) == layers
+    assert list(R.topk_layers(tr, model)) == layers
     for layer in layers:
         probs = tr[f"{layer}.router.probs"]
         n = probs.shape[-1]
@@ -373,3 +374,20 @@ def test_routing_table_wiola_with_atm_has_merge_rows(wiola_atm):
     assert len(m) == len(merges)
     assert m[C.SELECTED].sum() == merges[C.MERGED].sum()
     assert (df[C.KIND] == "adjacent_cos").sum() == len(merges) - 2 * len(model.config.atm_layers)
+
+
+# --- routing roles ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", sorted(TINY))
+def test_every_role_names_a_site_the_forward_records(key):
+    """A layer's roles name sites of its model, and a traced call records each (CHOICE and the
+    Gumbel candidate weights at inference too); MoEP's top-k layers declare their picks."""
+    model = tiny_model(key)
+    tr = run(model, ids(1, 5))
+    for layer, m in model.routing_modules.items():
+        for role, site in m.roles.items():
+            assert role in ROLES
+            if role != OPTION_WEIGHTS or site in model.sites:  # the generic role is optional
+                assert site in model.sites and site in tr, (layer, role, site)
+        if key.startswith("moep"):  # every MoEP layer routes top-k
+            assert {LOGITS, PROBS, INDICES, WEIGHTS} <= set(m.roles)
