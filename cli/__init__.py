@@ -9,3 +9,7 @@ Errors: a handler raises ValueError (or FileNotFoundError) whose message names t
 field, option); `cli.main.main` prints it as one line `routescope <command>: <message>` and exits
 with 2. Option values are checked while parsing (`cli.options`), with the same one-line style.
 """
+
+from routescope import only_as  # noqa: E402
+
+only_as("routescope.cli", __name__)

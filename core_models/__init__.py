@@ -1,4 +1,8 @@
 """RouteScope model families, routing sites, traces, ablations and generation."""
+
+from routescope import only_as  # noqa: E402
+
+only_as("routescope.core_models", __name__)
 from .base import InputError, LMOutput, RouteScopeLM
 from .config import BaseConfig, ConfigError
 from .registry import build_model, config_from_dict, from_name, param_count, preset_names

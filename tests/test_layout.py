@@ -99,6 +99,23 @@ def test_no_module_is_imported_under_a_second_name():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_folder_imported_by_its_own_name_is_refused():
+    """From the repository root (its folders on sys.path) `import analysis.families` would load a
+    second module with a second FAMILIES table; each folder refuses that import in one line, and
+    the installed name still gives one module."""
+    for folder in (*FOLDERS, "core_models.training"):
+        code = f"import {folder}"
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        top = folder.split(".")[0]  # a subpackage: its parent refuses first
+        assert out.returncode == 1 and f"ImportError: import routescope.{top}, not {top}:" in out.stderr, out.stderr
+    code = ("import sys, importlib\n"
+            "a = importlib.import_module('routescope.analysis.families')\n"
+            "try:\n    importlib.import_module('analysis.families')\nexcept ImportError:\n    pass\n"
+            "print(sorted(k for k in sys.modules if k.endswith('families')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["['routescope.analysis.families']"], out.stderr[-2000:]
+
+
 def readme_example() -> str:
     text = (ROOT / "README.md").read_text()
     m = re.search(r"```python\n(import routescope as rs\n.*?)```", text, re.S)
