@@ -76,22 +76,6 @@ def _log_prob(logits: torch.Tensor, p: int, token: int) -> torch.Tensor:
 
 # --- token attribution (layer integrated gradients) -------------------------------------------
 
-def find_token_embedding(model: nn.Module) -> str:
-    """Module path of the token embedding: `embed` if it is an nn.Embedding, `embed.wte` for
-    GPT-style embeddings (token + position), else the one nn.Embedding with vocab_size rows."""
-    embed = getattr(model, "embed", None)
-    if isinstance(embed, nn.Embedding):
-        return "embed"
-    if isinstance(getattr(embed, "wte", None), nn.Embedding):
-        return "embed.wte"
-    vocab = getattr(model, "vocab_size", None)
-    found = [n for n, m in model.named_modules() if isinstance(m, nn.Embedding) and m.num_embeddings == vocab]
-    if len(found) != 1:
-        raise ValueError(f"cannot tell the token embedding of {type(model).__name__}: "
-                         f"{len(found)} embeddings with {vocab} rows ({', '.join(found) or 'none'})")
-    return found[0]
-
-
 class _BlendedEmbedding(nn.Module):
     """Private stand-in for the token embedding during one attribution:
     scale * embed(ids) + (1 - scale) * baseline_vector, scale given per example by the forward."""
@@ -156,9 +140,8 @@ class TokenAttribution:
 
     def __init__(self, model: nn.Module, *, pad_id: int | None = None) -> None:
         self.model = model
-        self.embed_path = find_token_embedding(model)
-        cfg_pad = getattr(getattr(model, "config", None), "pad_id", -1)
-        self.pad_id = pad_id if pad_id is not None else (cfg_pad if cfg_pad is not None and cfg_pad >= 0 else 0)
+        self.embed_path = model.token_embedding()
+        self.pad_id = pad_id if pad_id is not None else max(0, model.config.pad_id)
 
     def attribute(self, input_ids: Any, target_position: int | None = None, target_token: int | None = None, *,
                   n_steps: int = 64, baseline: str = "pad", method: str = "gausslegendre",

@@ -89,7 +89,7 @@ def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> 
 
     alone = job.routing == "sampled" or job.atm
     groups = [[item] for item in batch] if alone else [list(batch)]
-    pad = max(0, getattr(model.config, "pad_id", 0))
+    pad = max(0, model.config.pad_id)
     for group in groups:
         T = max(len(ids) for _, ids in group)
         padded = [ids + [pad] * (T - len(ids)) for _, ids in group]

@@ -174,7 +174,7 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
     family = family_analysis(model)
     reader = route_reader(model) if layout.routes else None
     limit = min(settings.max_tokens or model.context, model.context)
-    pad = max(0, getattr(model.config, "pad_id", 0) or 0)
+    pad = max(0, model.config.pad_id)
     stats: S.RouteStats | V.ValueStats | None = None if layout.routes else V.ValueStats(layout)
     notes: list[str] = list(data.notes)
     done = 0

@@ -138,6 +138,28 @@ class RouteScopeLM(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(len(self.attn_layers))
 
+    # --- capabilities (a family with its own way overrides them) ---------------------------------
+    checkpoint_format: str | None = None  # how a saved copy is laid out, where not RouteScope's own
+    token_embedding_path: str | None = None  # where a family knows it (GPT-2 style: "embed.wte")
+
+    def token_embedding(self) -> str:
+        """Module path of the token embedding (attribution reads and blends it): the family's
+        `token_embedding_path`, else the one nn.Embedding with vocab_size rows."""
+        if self.token_embedding_path is not None:
+            return self.token_embedding_path
+        found = [n for n, m in self.named_modules() if isinstance(m, nn.Embedding) and m.num_embeddings == self.vocab_size]
+        if len(found) != 1:
+            raise ValueError(f"cannot tell the token embedding of {self.config.label}: {len(found)} embeddings with "
+                             f"{self.vocab_size} rows ({', '.join(found) or 'none'})")
+        return found[0]
+
+    def write_checkpoint_files(self, path, dtype: torch.dtype) -> None:
+        """Write this model's config and weights into the directory `path` (`checkpoint.save_checkpoint`
+        adds the tokenizer and card and moves it into place)."""
+        from .checkpoint import write_routescope_files
+
+        write_routescope_files(self, path, dtype)
+
     def site_names(self) -> list[str]:
         return list(self.sites)
 

@@ -61,6 +61,16 @@ def _listing(problems: list[str]) -> str:
     return "; ".join(problems[:SHOWN_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
 
 
+def write_routescope_files(model: RouteScopeLM, path: Path, dtype: torch.dtype) -> None:
+    """RouteScope's own checkpoint layout: config.json and model.safetensors in the storage dtype."""
+    (path / CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    # a copy in the storage dtype (every tensor is overwritten: no init); save_model drops the
+    # duplicate names of tied weights
+    clone = build_model(model.config, init=False)
+    clone.load_state_dict(model.state_dict())
+    save_model(clone.to(dtype), str(path / WEIGHTS), metadata={"family": model.config.family})
+
+
 def save_checkpoint(model: RouteScopeLM, path: str | os.PathLike, *, tokenizer=None, card: str | None = None,
                     dtype: torch.dtype = torch.float16, overwrite: bool = True) -> Path:
     path = Path(path)
@@ -70,16 +80,7 @@ def save_checkpoint(model: RouteScopeLM, path: str | os.PathLike, *, tokenizer=N
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
     try:
-        writer = getattr(model, "write_checkpoint_files", None)
-        if writer is not None:  # a model another library saves its own way (transformers: save_pretrained)
-            writer(tmp, dtype)
-        else:
-            (tmp / CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-            # a copy in the storage dtype (every tensor is overwritten: no init); save_model drops the
-            # duplicate names of tied weights
-            clone = build_model(model.config, init=False)
-            clone.load_state_dict(model.state_dict())
-            save_model(clone.to(dtype), str(tmp / WEIGHTS), metadata={"family": model.config.family})
+        model.write_checkpoint_files(tmp, dtype)  # transformers models: save_pretrained
         if tokenizer is not None:
             tokenizer.save(str(tmp / TOKENIZER))
         if card is not None:

@@ -21,6 +21,10 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class BaseConfig:
     family: ClassVar[str] = ""
+    # What every model offers, for code that handles any family (batching, attribution, training). A
+    # family whose config has the field (a dataclass field of the same name) overrides the default.
+    pad_id = -1  # >= 0: the id of padding tokens (masked as attention keys where the family does)
+    tie_embeddings = False  # the output head shares the token embedding's weight
 
     @property
     def label(self) -> str:

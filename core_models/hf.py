@@ -552,6 +552,10 @@ class HFModel(RouteScopeLM):
             if bars:
                 hf_logging.enable_progress_bar()
 
+    def token_embedding(self) -> str:
+        emb = self.hf.get_input_embeddings()  # transformers says which module it is
+        return next(f"hf.{n}" for n, m in self.hf.named_modules() if m is emb)
+
     def new_cache(self) -> KVCache:
         cache = KVCache(0)
         cache.extra["hf"] = None  # transformers makes the model's own kind of cache on the first call

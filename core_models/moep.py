@@ -323,6 +323,8 @@ class ParallelLayer(RoutingLayer):
 # --- the model --------------------------------------------------------------------------------
 
 class MoEP(RouteScopeLM):
+    token_embedding_path = "embed.wte"  # GPTEmbedding: token (wte) + position (wpe)
+
     def __init__(self, config: MoEPConfig) -> None:
         super().__init__()
         c = self.config = config

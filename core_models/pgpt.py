@@ -151,6 +151,8 @@ class Paths(RoutingLayer, nn.ModuleList):
 
 
 class PGPT(RouteScopeLM):
+    token_embedding_path = "embed.wte"  # GPTEmbedding: token (wte) + position (wpe)
+
     def __init__(self, config: PGPTConfig) -> None:
         super().__init__()
         c = self.config = config
@@ -250,6 +252,8 @@ class HalveConv(nn.Module):
 
 
 class ShrinkGPT(RouteScopeLM):
+    token_embedding_path = "embed.wte"  # GPTEmbedding: token (wte) + position (wpe)
+
     def __init__(self, config: ShrinkGPTConfig) -> None:
         super().__init__()
         c = self.config = config

@@ -218,7 +218,7 @@ def _save_state(dir_: Path, model, opt, meta: dict) -> None:
 
 
 def _is_alias(model, key: str) -> bool:
-    return key == "head.weight" and getattr(model.config, "tie_embeddings", False)
+    return key == "head.weight" and model.config.tie_embeddings
 
 
 def _load_state(dir_: Path, model, opt) -> dict:
@@ -302,7 +302,7 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
     summary = {"preset": c.preset, "steps": step, "tokens": meta["tokens"], "wall_seconds": round(meta["elapsed"], 1),
                "val_loss": final, "val_ppl": {d: math.exp(v) for d, v in final.items()},
                "params_total": model.num_params(), "params_active": model.active_params(),
-               **({"format": fmt} if (fmt := getattr(model, "checkpoint_format", None)) else {}),
+               **({"format": model.checkpoint_format} if model.checkpoint_format else {}),
                "train": asdict(c), "history": meta["history"], "command": command}
     model.eval()
     save_checkpoint(model, out, tokenizer=tokenizer, card=model_card(out.name, summary))

@@ -6,7 +6,7 @@ import torch
 
 import routescope.analysis.attribution as A
 from routescope.analysis import columns as C
-from routescope.analysis.attribution import PathAttribution, TokenAttribution, find_token_embedding
+from routescope.analysis.attribution import PathAttribution, TokenAttribution
 from routescope.core_models import Ablation
 from tiny_models import tiny_model
 from tolerances import FORWARD_EPS, assert_close_to_scale
@@ -32,7 +32,7 @@ def test_integrated_gradients_completeness(key, baseline, scale):
     Embeddings are scaled up so the tiny random model's log-prob really depends on the input."""
     model = tiny_model(key)
     with torch.no_grad():
-        model.get_submodule(find_token_embedding(model)).weight.mul_(scale)
+        model.get_submodule(model.token_embedding()).weight.mul_(scale)
     res = TokenAttribution(model).attribute(IDS, target_position=5, target_token=11, n_steps=48, baseline=baseline)
     assert res.attributions.shape == (6,)  # positions 0..5: later tokens cannot matter
     # captum's batched forward vs one forward: rounding of the log-prob's own size
@@ -70,9 +70,10 @@ def test_shared_model_is_untouched_while_captum_runs(monkeypatch):
 
 
 def test_embedding_is_found_for_every_kind_of_model():
-    assert find_token_embedding(tiny_model("llama")) == "embed"
-    assert find_token_embedding(tiny_model("moep")) == "embed.wte"
-    assert find_token_embedding(tiny_model("wiola")) == "embed"
+    assert tiny_model("llama").token_embedding() == "embed"
+    assert tiny_model("moep").token_embedding() == "embed.wte"
+    assert tiny_model("pgpt").token_embedding() == "embed.wte"
+    assert tiny_model("wiola").token_embedding() == "embed"
 
 
 def test_exact_ablation_equals_the_direct_log_prob_difference():
