@@ -33,7 +33,7 @@ class ExportJob:
     max_new_tokens: int = 0
     routing: str = "deterministic"
     seed: int = 0
-    atm: bool = False
+    options: tuple[tuple[str, Any], ...] = ()  # the family's run options (name, value), as `--option` gives them
     drop: tuple[str, ...] = ()
     force: tuple[str, ...] = ()
     modes: tuple[str, ...] = ()  # named ablation modes (model.ablation_modes())
@@ -43,10 +43,19 @@ class ExportJob:
         object.__setattr__(self, "drop", tuple(self.drop))
         object.__setattr__(self, "force", tuple(self.force))
         object.__setattr__(self, "modes", tuple(self.modes))
-        if self.atm and self.max_new_tokens:
-            raise ValueError("--atm needs --max-new-tokens 0: token merging cannot run with the KV cache of generation")
+        object.__setattr__(self, "options", tuple(map(tuple, self.options)))
         if self.batch_size < 1:
             raise ValueError(f"batch_size = {self.batch_size}: must be >= 1")
+
+    def model_options(self, model: Any) -> dict[str, Any]:
+        """The run options as the model's family declares them (typed); ValueError for one it does
+        not take, or for any with a continuation: they apply to the prompt pass (token merging changes
+        earlier positions, so it cannot run with the KV cache of generation)."""
+        options = model.check_options(dict(self.options))
+        if options and self.max_new_tokens:
+            raise ValueError(f"--option {next(iter(options))}: needs --max-new-tokens 0 (run options apply to the "
+                             "prompt pass; continuations are generated with the KV cache, without them)")
+        return options
 
     def ablation(self, model: Any):
         """The job's Ablation, checked against the model's routing layers and ablation modes."""
@@ -87,7 +96,10 @@ def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> 
     from routescope.core_models import tracing
     from routescope.analysis.table import ExportMeta, RowMeta, routing_table
 
-    alone = job.routing == "sampled" or job.atm
+    options = job.model_options(model)
+    declared = model.run_options()
+    # sampled routing draws per row; an option over the whole sequence (token merging) must not see padding
+    alone = job.routing == "sampled" or any(v and declared[n].whole_sequence for n, v in options.items())
     groups = [[item] for item in batch] if alone else [list(batch)]
     pad = max(0, model.config.pad_id)
     for group in groups:
@@ -96,7 +108,7 @@ def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> 
         gen = torch.Generator().manual_seed(job.seed)
         with torch.inference_mode(), tracing() as tr:
             model(torch.tensor(padded, device=model.device), ablation=ablation, routing=job.routing, generator=gen,
-                  atm=True if job.atm else None)
+                  **options)
         meta = ExportMeta(model=name, ablation=ablation.describe(), seed=job.seed,
                           rows=[RowMeta(pid, row, decode(row)) for (pid, _), row in zip(group, padded)])
         df = routing_table(tr, model, meta=meta)

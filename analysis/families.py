@@ -1,14 +1,14 @@
-"""What analysis knows per family, in one table: `FAMILIES[config.family]` gives the routing views
-of a traced run (name -> `View`: a tidy frame and the drawer that draws it; the app's Routing and
-Export views loop over them), the rows a traced call adds to the export table, the family's
-per-token routes (`route_reader`: the report, Table 6, corpus statistics) and the run options the
-app offers as controls. Code elsewhere asks this table, never compares family names.
+"""The analysis half of each family's spec (`routescope.families.FamilySpec.analysis`): the routing
+views of a traced run (name -> `View`: a tidy frame; the app's Routing and Export views loop over
+them), the rows a traced call adds to the export table, the family's per-token routes
+(`route_reader`: the report, Table 6, corpus statistics) and a second pass where its views need one.
+Code elsewhere asks the model's spec (`family_analysis(model)`), never compares family names.
 
-Everything else about a family comes from its model: routing layers, their option labels and
+Everything else about a family comes from its model: routing layers, their roles, option labels and
 whether forcing means anything (`core_models.sites.RoutingLayer`), its label (`config.label`), its
-per-call options (`model.run_options()`). A family without an entry here gets `GENERIC`, built from
-the `<layer>.option_weights` site of each routing layer (`analysis.routing.option_weights`), so a
-new routed family needs no analysis code to be explored and exported.
+per-call options (`model.run_options()`). A family whose spec gives no analysis gets `GENERIC`, built
+from the OPTION_WEIGHTS role of each routing layer (`analysis.routing.option_weights`), so a new
+routed family needs no analysis code to be explored and exported.
 
 Export rows per family (what `value` means for each `kind`: `columns.KINDS`):
 - PaPaformer Gumbel: "prob" per candidate (selected = the recorded choice), "cosine" per path.
@@ -48,8 +48,9 @@ from . import routing as R
 
 @dataclass(frozen=True)
 class View:
-    """One named view of a traced run: a tidy frame (a long table of `analysis.routing`) and the name
-    of the drawer that turns it into figures (`routescope.app.components.drawers.DRAWERS`).
+    """One named view of a traced run: a tidy frame (a long table of `analysis.routing`) and its kind,
+    which names the common drawer that draws it (`routescope.app.components.drawers.DRAWERS`) unless
+    the family's spec has a drawer for the view's name.
     `params`: what the drawer needs besides the frame (e.g. the ATM threshold used). Read-only: one
     run may serve many browser sessions. Notes about the frame are in `frame.attrs["notes"]`."""
 
@@ -58,6 +59,7 @@ class View:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
+FAMILY = "family"  # the kind of a view that its family's spec draws (`FamilySpec.drawers`)
 RunViews = Mapping[str, View]  # view name -> view, in the order the app shows them
 
 
@@ -91,19 +93,6 @@ class RouteReader:
     routed: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True)
-class SidebarControl:
-    """A family run option the app offers as a slider when `model.run_options()` lists it; its
-    default is the config field of the same name."""
-
-    option: str
-    heading: str
-    label: str
-    low: float
-    high: float
-    step: float
-
-
 Views = Callable[..., RunViews]  # (trace, model, *, second: Trace | None, options: Mapping) -> RunViews
 Export = Callable[[Trace, RouteScopeLM, int, RunViews], "tuple[list[pd.DataFrame], list[str]]"]
 SecondPass = Callable[[RouteScopeLM, list[int], Ablation, Mapping[str, Any]], Trace]
@@ -114,13 +103,12 @@ class FamilyAnalysis:
     """How analysis handles one family. `second_pass`: a forward besides generation whose trace
     the views need (Wiola: merge maps come from a pass with token merging on, which generation's
     KV cache cannot run). `route_reader`: the family's per-token routes (None: it has none, e.g.
-    pgpt's one learned mix per call). `controls`: run options the app offers."""
+    pgpt's one learned mix per call)."""
 
     views: Views
     export: Export
     second_pass: SecondPass | None = None
     route_reader: Callable[[RouteScopeLM], RouteReader] | None = None
-    controls: tuple[SidebarControl, ...] = ()
 
 
 # --- rows of the export table -------------------------------------------------------------------
@@ -185,13 +173,13 @@ GENERIC = FamilyAnalysis(views=_generic_views, export=_generic_export)
 
 # --- PaPaformer ---------------------------------------------------------------------------------
 
-def _papaformer_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+def papaformer_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
     gumbel = R.gumbel_routes(trace, model) if any(m.stochastic for m in model.routing_modules.values()) else None
     cosine = R.cosine_dominance(trace)
-    return views_of(("gumbel_routes", gumbel, "gumbel_choice"), ("cosine_dominance", cosine, "cosine_choice"))
+    return views_of(("gumbel_routes", gumbel, FAMILY), ("cosine_dominance", cosine, FAMILY))
 
 
-def _papaformer_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+def papaformer_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     parts = []
     if "gumbel_routes" in views:
         g = views["gumbel_routes"].frame
@@ -252,7 +240,7 @@ def route_labels(config: Any) -> list[str]:
     return [f"route {j}" for j in range(1, config.n_paths + 1)] + (["combined"] if config.has_combined_route else [])
 
 
-def _papaformer_reader(model: RouteScopeLM) -> RouteReader:
+def papaformer_reader(model: RouteScopeLM) -> RouteReader:
     cfg = model.config
     return RouteReader(
         _parallel_layers(model), route_labels(cfg), _papaformer_route_sites(model),
@@ -265,13 +253,13 @@ def _papaformer_reader(model: RouteScopeLM) -> RouteReader:
 
 # --- top-k routers: MoEP and Hugging Face MoE (sites from each layer's roles) ----------------------
 
-def _topk_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
-    return views_of(("topk_routes", R.topk_routes(trace, model), "topk_choice"),
-                    ("topk_utilisation", R.topk_utilisation(trace, model), "utilisation"),
-                    ("topk_coselection", R.topk_coselection(trace, model), "coselection"))
+def topk_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+    return views_of(("topk_routes", R.topk_routes(trace, model), FAMILY),
+                    ("topk_utilisation", R.topk_utilisation(trace, model), FAMILY),
+                    ("topk_coselection", R.topk_coselection(trace, model), FAMILY))
 
 
-def _topk_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+def topk_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     """Rows of top-k routers: "prob" per option where the router computes probabilities (selected =
     in its top-k), "weight" per selected option as the router returned it."""
     parts = []
@@ -294,7 +282,7 @@ def _topk_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunView
     return parts, []
 
 
-def _topk_reader(describe: Callable[[RouteScopeLM], str]) -> Callable[[RouteScopeLM], RouteReader]:
+def topk_reader(describe: Callable[[RouteScopeLM], str]) -> Callable[[RouteScopeLM], RouteReader]:
     """Routes of top-k routing layers: each token's first choice, the option its router gave the
     largest weight (read from the recorded weights: a router may return its picks unsorted, as
     DeepSeek-V3's does), and every pick (`topk`)."""
@@ -321,7 +309,7 @@ def _topk_reader(describe: Callable[[RouteScopeLM], str]) -> Callable[[RouteScop
     return reader
 
 
-def _moep_description(model: RouteScopeLM) -> str:
+def moep_description(model: RouteScopeLM) -> str:
     cfg = model.config
     return (f"MoEP, {cfg.expert} experts: moe_shrink and moe_grow pick top-{cfg.expert_top_k} of {cfg.n_experts} "
             f"experts, each of {cfg.n_parallel_layers} parallel layers top-{cfg.top_k} of {cfg.n_blocks} blocks. A "
@@ -329,7 +317,7 @@ def _moep_description(model: RouteScopeLM) -> str:
             "the app and ablation specs.")
 
 
-def _hf_description(model: RouteScopeLM) -> str:
+def hf_description(model: RouteScopeLM) -> str:
     layers = model.routing_modules
     picks = ", ".join(f"top-{k} of {n} experts" for k, n in sorted({(m.top_k, m.n_experts) for m in layers.values()}))
     return (f"{html.escape(model.config.label)} (Hugging Face transformers): {len(layers)} MoE layers, each router "
@@ -339,11 +327,11 @@ def _hf_description(model: RouteScopeLM) -> str:
 
 # --- ParallelGPT --------------------------------------------------------------------------------
 
-def _pgpt_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
-    return views_of(("pgpt_paths", R.pgpt_paths(trace), "pgpt_paths"))
+def pgpt_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+    return views_of(("pgpt_paths", R.pgpt_paths(trace), FAMILY))
 
 
-def _pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+def pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     p = views["pgpt_paths"].frame
     (layer,) = model.routing_modules  # the paths
     parts = [export_rows(p, site=_sites(p[C.LAYER], p[C.OPTION], "out"), kind="contribution", value=C.SHARE,
@@ -359,7 +347,7 @@ def _pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunView
 TOKEN_MERGING = ATM  # the run option that turns Wiola's token merging (ATM) on
 
 
-def _wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, options: Mapping[str, Any]) -> Trace:
+def wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, options: Mapping[str, Any]) -> Trace:
     """A forward of the whole sequence with token merging on, tracing the ATM sites only."""
     sites = [n for n in model.site_names() if ".atm." in n]
     with tracing(sites) as tr:
@@ -367,7 +355,7 @@ def _wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, o
     return tr
 
 
-def _wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
+def wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
                  options: Mapping[str, Any] = {}) -> RunViews:
     tau = options.get(ATM_TAU)
     atm = atm_summary = None
@@ -375,11 +363,11 @@ def _wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = No
         atm, atm_summary = R.atm_merges(second, tau=tau), R.atm_summary(second, tau=tau)
         atm = atm if len(atm) else None
     used = {"tau": model.config.atm_tau if tau is None else tau}
-    return views_of(("dsff_gate", R.dsff_gates(trace), "dsff_gate"), ("gcla_beta", R.gcla_betas(trace), "gcla_beta"),
-                    ("atm_merges", atm, "atm_merges", used), ("atm_summary", atm_summary, "table", used))
+    return views_of(("dsff_gate", R.dsff_gates(trace), FAMILY), ("gcla_beta", R.gcla_betas(trace), FAMILY),
+                    ("atm_merges", atm, FAMILY, used), ("atm_summary", atm_summary, "table", used))
 
 
-def _wiola_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+def wiola_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     g = views["dsff_gate"].frame
     site = _sites(g[C.LAYER], "gate")
     a = g[C.GATE_MEAN].to_numpy()
@@ -400,12 +388,12 @@ def _wiola_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunVie
 
 # --- Llama (PAGMLP) ----------------------------------------------------------------------------
 
-def _llama_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+def llama_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
     p = R.pagmlp_pathways(trace, model)
-    return views_of(("pagmlp_pathways", p if len(p) else None, "pagmlp_pathways"))
+    return views_of(("pagmlp_pathways", p if len(p) else None, FAMILY))
 
 
-def _llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
+def llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     if "pagmlp_pathways" not in views:
         return [], [f"{model.config.label} has no routing layers to export"]
     p = views["pagmlp_pathways"].frame
@@ -422,27 +410,11 @@ def _llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunVie
     return parts, []
 
 
-# config.family -> its analysis; families not listed get GENERIC (register_family_analysis adds one)
-FAMILIES: dict[str, FamilyAnalysis] = {
-    "papaformer": FamilyAnalysis(views=_papaformer_views, export=_papaformer_export, route_reader=_papaformer_reader),
-    "moep": FamilyAnalysis(views=_topk_views, export=_topk_export, route_reader=_topk_reader(_moep_description)),
-    # transformers MoE models: their routers are the routing layers (`model.layers.3.mlp.gate.indices`)
-    "hf": FamilyAnalysis(views=_topk_views, export=_topk_export, route_reader=_topk_reader(_hf_description)),
-    "pgpt": FamilyAnalysis(views=_pgpt_views, export=_pgpt_export),
-    "wiola": FamilyAnalysis(views=_wiola_views, export=_wiola_export, second_pass=_wiola_merge_pass, controls=(
-        SidebarControl(ATM_TAU, "Token merging (ATM)", "ATM threshold tau", 0.0, 1.0, 0.01),)),
-    "llama": FamilyAnalysis(views=_llama_views, export=_llama_export),
-}
-
-
-def register_family_analysis(family: str, analysis: FamilyAnalysis) -> None:
-    """Give a family defined elsewhere (`core_models.registry.register_family`) views, export rows,
-    a route reader or controls of its own, as a FAMILIES line would."""
-    FAMILIES[family] = analysis
-
-
 def family_analysis(model: RouteScopeLM) -> FamilyAnalysis:
-    return FAMILIES.get(model.config.family, GENERIC)
+    """The analysis of the model's family, from its spec (`routescope.families`)."""
+    from routescope.families import spec_of  # the spec module imports this one
+
+    return spec_of(model).analysis
 
 
 def routing_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
@@ -455,7 +427,9 @@ def route_reader(model: RouteScopeLM) -> RouteReader:
     """The model's per-token routes, or ValueError naming the families that have them."""
     analysis = family_analysis(model)
     if analysis.route_reader is None:
-        having = ", ".join(f for f, a in FAMILIES.items() if a.route_reader is not None)
+        from routescope.families import specs
+
+        having = ", ".join(s.name for s in specs() if s.analysis.route_reader is not None)
         raise ValueError(f"{model.config.label} has no per-token routes to read (families with them: {having})")
     return analysis.route_reader(model)
 

@@ -9,6 +9,7 @@ st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 
 from routescope.app import resources  # noqa: E402  (set_page_config must come first)
 from routescope.app import state as K  # noqa: E402
+from routescope import families  # noqa: E402
 from routescope.app.views import ablation, attribution, corpus, diff, export, generation, routing, sidebar, table6  # noqa: E402
 from routescope.analysis.prompts import prompt_problem  # noqa: E402
 from routescope.app.components.messages import show_error  # noqa: E402
@@ -17,7 +18,8 @@ from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
 from routescope.core_models.runtime import Ablation  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
-VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Table 6", "Corpus", "Export"]
+VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Export"]  # every family's
+PAGES_AFTER = "Attribution"  # a family's own pages (its spec's) come after this view
 DEFAULT_VIEW = "Routing"  # a new user sees the routing heatmap (and the text it routes) without a click
 
 
@@ -48,9 +50,17 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
         st.caption(f"Ablation: {ablation.describe(ab, model)} · updated in {elapsed * 1000:.0f} ms "
                    f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
                    help="Runs are cached per checkpoint, prompt, settings and ablation.")
-        view = st.segmented_control("View", VIEWS, default=DEFAULT_VIEW, key=K.VIEW, label_visibility="collapsed")
+        pages = {p.title: p for p in families.pages(model)}
+        at = VIEWS.index(PAGES_AFTER) + 1
+        offered = VIEWS[:at] + list(pages) + VIEWS[at:]
+        if st.session_state.get(K.VIEW) not in (None, *offered):  # a page of the previous checkpoint's family
+            st.session_state[K.VIEW] = DEFAULT_VIEW
+        view = st.segmented_control("View", offered, default=DEFAULT_VIEW, key=K.VIEW, label_visibility="collapsed")
         try:
-            show_view(view or DEFAULT_VIEW, cur, model, tok, path, mtime, prompt, settings)
+            if view in pages:
+                pages[view].show(model, path, mtime, cur.ablation, ablation.describe(cur.ablation, model))
+            else:
+                show_view(view or DEFAULT_VIEW, cur, model, tok, path, mtime, prompt, settings)
         except Exception as e:
             error_box(view or DEFAULT_VIEW, e)
 
@@ -72,8 +82,6 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
         attribution.show(cur, model, tok, path, mtime)
     elif view == "Corpus":
         corpus.show(model, tok, path, mtime)
-    elif view == "Table 6":
-        table6.show(model, path, mtime, cur.ablation, ablation.describe(cur.ablation, model))
     else:
         export.show(cur, tok, routing.drawn(cur, model), table6.default_report(model, path, mtime, cur.ablation),
                     resources.export_bytes(path, mtime, prompt, settings, cur.ablation))

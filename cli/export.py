@@ -49,7 +49,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--seed", type=O.seed, default=0, help="routing seed (sampled routing)")
     e.add_argument("--batch-size", type=O.positive_int, default=8)
     e.add_argument("--shard", metavar="i/n", help="only prompts with index %% n == i (0-based)")
-    e.add_argument("--atm", action="store_true", help="Wiola: merge tokens (ATM) in the prompt pass")
+    O.add_run_options(e)
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     O.add_device_options(e)
     r = e.add_argument_group("distributed export (--engine ray; pip install 'routescope[distributed]')")
@@ -92,7 +92,7 @@ def job_of(args: argparse.Namespace):
     """The analysis.batch_export.ExportJob of the command line."""
     from routescope.analysis.batch_export import ExportJob
 
-    return ExportJob(max_new_tokens=args.max_new_tokens, routing=args.routing, seed=args.seed, atm=args.atm,
+    return ExportJob(max_new_tokens=args.max_new_tokens, routing=args.routing, seed=args.seed, options=tuple(args.option),
                      drop=tuple(args.drop), force=tuple(args.force), modes=tuple(args.mode),
                      batch_size=args.batch_size)
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         return run_ray(args, job_of(args))
     # the prompt file first: reading it needs no torch, so a bad one (a FIFO, a huge line) is refused at once
     prompts = [(str(k + 1), p) for k, p in enumerate(args.prompt)] if args.prompt else read_prompts(args.prompts)
-    job = job_of(args)  # checks --atm against --max-new-tokens
+    job = job_of(args)
     from tqdm import tqdm
 
     from routescope.analysis import batch_export as B
@@ -117,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
     model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     if not model.routing_layers():
         raise ValueError(f"{args.checkpoint}: {model.config.label} has no routing layers to export")
-    if args.atm:
-        from routescope.analysis.families import TOKEN_MERGING
-        model.check_options({TOKEN_MERGING: True})  # a model without token merging says so before any work
+    job.model_options(model)  # a run option the family does not take is refused before any work
     ablation = job.ablation(model)
     encoded = B.encode_prompts(tok, prompts, model.context, job)
     name, notes = B.model_name(args.checkpoint), B.NoteLog()

@@ -142,6 +142,23 @@ def add_ablation_options(p: argparse.ArgumentParser) -> None:
                         "pgpt-1 evaluation: the highest-weight path alone, without the final LayerNorm)")
 
 
+def run_option(text: str) -> tuple[str, str]:
+    """argparse type: NAME=VALUE, a family run option (checked against the model once it is loaded)."""
+    name, eq, value = text.partition("=")
+    if not eq or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text[:60]!r}")
+    return name.strip(), value.strip()
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """--option NAME=VALUE: the family's own per-call options, as its model declares them
+    (`RouteScopeLM.run_options()`: Wiola's atm=true, atm_tau=0.6), the same as the app's controls
+    and `rs.run(options=...)`."""
+    p.add_argument("--option", action="append", default=[], type=run_option, metavar="NAME=VALUE",
+                   help="a run option of the model's family, repeatable (wiola: atm=true merges tokens in the "
+                        "prompt pass, atm_tau=0.6 its threshold); a model that does not take it says so")
+
+
 def add_device_options(p: argparse.ArgumentParser) -> None:
     """--device and --dtype, as every command that runs a model takes them."""
     p.add_argument("--device", choices=ChoicesOf("routescope.core_models.devices", "DEVICES"), default="auto", metavar="DEVICE",

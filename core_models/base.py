@@ -21,6 +21,41 @@ class InputError(ValueError):
     """The token ids given to a model cannot be run (empty, out of vocabulary, too long)."""
 
 
+@dataclass(frozen=True)
+class RunOption:
+    """A family's per-call option (`model(idx, name=value)`), declared once by the family's model:
+    forward checks it, the app offers it as a control, the CLI as `--option name=value` and
+    `rs.run(options={name: value})`. `kind`: bool or float (a float in [low, high]).
+    `whole_sequence`: it changes earlier positions, so it cannot run with generation's KV cache
+    (prompt passes only, each row alone); the app does not offer it for generation."""
+
+    name: str
+    help: str
+    kind: type = float
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    label: str = ""  # the control's label and its section heading in the app
+    heading: str = ""
+    whole_sequence: bool = False
+
+    def value(self, v: object) -> bool | float:
+        """`v` (a Python value or the CLI's text) as this option's kind; ValueError naming the option."""
+        if self.kind is bool:
+            if isinstance(v, bool):
+                return v
+            if isinstance(v, str) and v.lower() in ("true", "false", "1", "0", "on", "off"):
+                return v.lower() in ("true", "1", "on")
+            raise ValueError(f"option {self.name} = {str(v)[:40]!r}: expected true or false")
+        try:
+            x = float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"option {self.name} = {str(v)[:40]!r}: expected a number") from None
+        if isinstance(v, bool) or not (self.low is None or self.low <= x) or not (self.high is None or x <= self.high):
+            raise ValueError(f"option {self.name} = {str(v)[:40]!r}: expected a number in [{self.low}, {self.high}]")
+        return x
+
+
 @dataclass
 class LMOutput:
     logits: torch.Tensor  # (B, T, V)
@@ -56,10 +91,12 @@ class RouteScopeLM(nn.Module):
         does); a call selects them with `Ablation(modes=...)` (CLI `--mode`)."""
         return {}
 
-    def run_options(self) -> dict[str, str]:
-        """Family-specific per-call options this model accepts (name -> what it does); forward
-        rejects any other option given a value (None always means the model's default)."""
-        return {}
+    run_option_list: tuple[RunOption, ...] = ()  # the family's per-call options
+
+    def run_options(self) -> dict[str, RunOption]:
+        """Family-specific per-call options this model accepts, by name; forward rejects any other
+        option given a value (None always means the model's default)."""
+        return {o.name: o for o in self.run_option_list}
 
     # --- routing layers -----------------------------------------------------------------------
     def routing_layers(self) -> dict[str, int]:
@@ -108,14 +145,15 @@ class RouteScopeLM(nn.Module):
         return out
 
     def check_options(self, options: dict) -> dict:
-        """The options given a value (not None); ValueError naming any this family does not take."""
+        """The options given a value (not None), each as its declared kind; ValueError naming any this
+        family does not take or a value out of its range."""
         given = {k: v for k, v in options.items() if v is not None}
         known = self.run_options()
         bad = sorted(set(given) - set(known))
         if bad:
             takes = f"it takes {', '.join(known)}" if known else "it takes none"
             raise ValueError(f"{', '.join(bad)}: not an option of {self.config.label} models ({takes})")
-        return given
+        return {k: known[k].value(v) for k, v in given.items()}
 
     def check_input(self, idx: torch.Tensor, cache: KVCache | None = None) -> None:
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:

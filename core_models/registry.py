@@ -1,8 +1,9 @@
-"""Families and named presets as plain data (litgpt-style): `from_name("papaformer-gumbel-v2", n_parallel_layers=3)`."""
+"""Named presets as plain data (litgpt-style): `from_name("papaformer-gumbel-v2", n_parallel_layers=3)`,
+and building a family's model from its config. What each family is comes from its spec
+(`routescope.families`)."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 from typing import Any
 
@@ -11,21 +12,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .base import RouteScopeLM
-from .config import BaseConfig, ConfigError, json_kind, short_repr
-
-# family -> (module, config class, model class, parameter-count function); modules are imported
-# when the family is first used. A new family is one line here (or a register_family call).
-FAMILIES: dict[str, tuple[str, str, str, str]] = {
-    "llama": ("routescope.core_models.llama", "LlamaConfig", "Llama", "llama_param_count"),
-    "papaformer": ("routescope.core_models.papaformer", "PapaformerConfig", "Papaformer", "papaformer_param_count"),
-    "pgpt": ("routescope.core_models.pgpt", "PGPTConfig", "PGPT", "pgpt_param_count"),
-    "lgpt": ("routescope.core_models.pgpt", "ShrinkGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
-    "cgpt": ("routescope.core_models.pgpt", "CGPTConfig", "ShrinkGPT", "shrink_gpt_param_count"),
-    "moep": ("routescope.core_models.moep", "MoEPConfig", "MoEP", "moep_param_count"),
-    "wiola": ("routescope.core_models.wiola", "WiolaConfig", "Wiola", "wiola_param_count"),
-    # Hugging Face transformers models (config.label = their model_type), instrumented, not re-implemented
-    "hf": ("routescope.core_models.hf", "HFConfig", "HFModel", "hf_param_count"),
-}
+from .config import BaseConfig, ConfigError, json_kind
 
 def _hf(model_type: str, **fields: Any) -> str:
     """A transformers config as the JSON text an HF preset keeps (plain data, no transformers import)."""
@@ -71,18 +58,12 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _family(name: str) -> tuple[type[BaseConfig], type[RouteScopeLM], Any]:
-    if not isinstance(name, str) or name not in FAMILIES:
-        what = "unknown" if isinstance(name, str) else f"expected a string, got {json_kind(name)}"
-        raise ConfigError(f"family = {short_repr(name)}: {what}; known families: {', '.join(FAMILIES)}")
-    mod, cfg, model, count = FAMILIES[name]
-    m = importlib.import_module(mod)
-    return getattr(m, cfg), getattr(m, model), getattr(m, count)
+    """Config class, model class and parameter count of a family, from its spec
+    (`routescope.families`: built-in families and `routescope.families` entry points)."""
+    from routescope.families import spec  # the spec module imports the family modules
 
-
-def register_family(family: str, module: str, config: str, model: str, count: str) -> None:
-    """Add a family defined in another module (an importable module path and the names of its
-    config class, model class and parameter-count function in it), as a FAMILIES line would."""
-    FAMILIES[family] = (module, config, model, count)
+    s = spec(name)
+    return s.config, s.model, s.param_count
 
 
 def register_presets(presets: dict[str, tuple[str, dict[str, Any]]]) -> None:
@@ -90,22 +71,21 @@ def register_presets(presets: dict[str, tuple[str, dict[str, Any]]]) -> None:
     PRESETS.update(presets)
 
 
+def _all_presets() -> dict[str, tuple[str, Any]]:
+    from routescope.families import presets  # importing the family modules registers their presets
+
+    return {**presets(), **PRESETS}
+
+
 def preset_names() -> list[str]:
-    _load_family_presets()
-    return sorted(PRESETS)
-
-
-def _load_family_presets() -> None:
-    for fam in FAMILIES:  # importing a family module registers its extra presets, if any
-        _family(fam)
+    return sorted(_all_presets())
 
 
 def from_name(name: str, **overrides: Any) -> BaseConfig:
-    if name not in PRESETS:
-        _load_family_presets()
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
-    family, fields = PRESETS[name]
+    known = PRESETS if name in PRESETS else _all_presets()
+    if name not in known:
+        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(sorted(known))}")
+    family, fields = known[name]
     cfg_cls, _, _ = _family(family)
     return cfg_cls.from_dict({**fields, **overrides})
 

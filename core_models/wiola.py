@@ -79,7 +79,7 @@ import torch
 from torch import nn
 
 from . import registry, runtime
-from .base import RouteScopeLM
+from .base import RouteScopeLM, RunOption
 from .config import BaseConfig
 from .layers import Attention, BlockSpec, attend, init_weights
 from .runtime import KVCache
@@ -297,10 +297,12 @@ class Wiola(RouteScopeLM):
             self.head.weight = self.embed.weight
         self._finalize()
 
-    def run_options(self) -> dict[str, str]:
-        return {ATM: "merge similar adjacent tokens for attention (adaptive token merging); default: "
-                     "while training, or at inference when the config's atm_inference is set",
-                ATM_TAU: "cosine threshold above which adjacent tokens merge; default: the config's atm_tau"}
+    run_option_list = (
+        RunOption(ATM, "merge similar adjacent tokens for attention (adaptive token merging); default: while training, "
+                       "or at inference when the config's atm_inference is set", bool, whole_sequence=True),
+        RunOption(ATM_TAU, "cosine threshold above which adjacent tokens merge; default: the config's atm_tau", float,
+                  0.0, 1.0, 0.01, label="ATM threshold tau", heading="Token merging (ATM)"),
+    )
 
     def atm_threshold(self) -> float | None:
         """Merge threshold of the call in progress, or None when ATM is off for it."""

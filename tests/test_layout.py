@@ -23,7 +23,7 @@ FOLDERS = ("core_models", "analysis", "app", "cli", "corpora")  # the repository
 # catalog that lists directories (catalog.py) import core_models.hf to recognise and check one.
 ALLOWED = {"core_models/registry.py", "core_models/papaformer.py", "core_models/moep.py", "core_models/pgpt.py",
            "core_models/wiola.py", "core_models/wiola_parts.py", "core_models/llama.py", "core_models/hf.py",
-           "analysis/families.py"}
+           "analysis/families.py", "routescope/families.py"}
 IMPORTS_FAMILY_BY_PURPOSE = {"core_models/importers.py", "core_models/training/compose.py",
                              "core_models/checkpoint.py", "analysis/catalog.py"}
 FAMILY_MODULES = r"(papaformer|moep|pgpt|wiola|wiola_parts|llama|hf)"

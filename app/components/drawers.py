@@ -4,7 +4,8 @@ A drawer takes a view and the run's drawing context and returns its pieces by na
 a `figures.ChoiceGrid` (a discrete choice per layer and token; the Routing view stacks a run's
 grids into one chart), a plotly figure, or a DataFrame (shown as a table). The Routing view, the
 Export view and `routescope.figures` loop over a run's views and this table; none of them knows a
-family. A family with a view of its own adds an entry with `register_drawer`. No Streamlit here.
+family: a family's spec maps its views to the drawers below (`routescope.families`), and the common
+drawers (generic option weights, tables, corpus views) are found by a view's kind. No Streamlit here.
 """
 from __future__ import annotations
 
@@ -47,19 +48,19 @@ def _option_weights(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]
     return out
 
 
-def _gumbel_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def gumbel_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     return {name: F.gumbel_grid(view.frame, ctx.tokens, dict(ctx.labels))}
 
 
-def _cosine_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def cosine_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     return {name: F.cosine_grid(view.frame, ctx.tokens, dict(ctx.labels))} if len(view.frame) else {}
 
 
-def _topk_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def topk_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     return {name: F.topk_grid(view.frame, ctx.tokens, dict(ctx.labels))}
 
 
-def _utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     """Bars per layer (model depth order, left to right), one per option in the heatmap's colour and
     with the heatmap's legend names ("expert 0 / block 0")."""
     u = view.frame
@@ -75,14 +76,14 @@ def _utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     return {name: fig}
 
 
-def _coselection(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def coselection(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     """Pairs of options a token selected together, with their labels."""
     c = view.frame
     return {name: c.assign(label_a=[ctx.labels[l][a] for l, a in zip(c[C.LAYER], c[C.OPTION_A])],
                            label_b=[ctx.labels[l][b] for l, b in zip(c[C.LAYER], c[C.OPTION_B])])}
 
 
-def _pgpt_paths(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def pgpt_paths(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     p = view.frame
     w = p.drop_duplicates(C.OPTION)
     (layer,) = set(p[C.LAYER])
@@ -95,20 +96,20 @@ def _pgpt_paths(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
             lambda r: f"{names[r.option]}: share {r.share:.1%} (w {r.weight:.3f})", ctx.n_prompt)}
 
 
-def _dsff_gate(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def dsff_gate(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     return {name: F.gate_figure(view.frame, ctx.tokens, ctx.n_prompt)}
 
 
-def _gcla_beta(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def gcla_beta(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     g = view.frame
     return {name: F.bar_figure(list(g[C.LAYER]), list(g[C.BETA]), "GCLA beta = sigmoid(phi) per layer")}
 
 
-def _atm_merges(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def atm_merges(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     return {name: F.atm_figure(view.frame, ctx.tokens, view.params["tau"], ctx.n_prompt)}
 
 
-def _pagmlp_pathways(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+def pagmlp_pathways(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     p = view.frame
     s = p.drop_duplicates([C.LAYER, C.OPTION])
     return {
@@ -155,16 +156,6 @@ def _corpus_compare(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]
 
 DRAWERS: dict[str, Drawer] = {
     "option_weights": _option_weights,
-    "gumbel_choice": _gumbel_choice,
-    "cosine_choice": _cosine_choice,
-    "topk_choice": _topk_choice,
-    "utilisation": _utilisation,
-    "coselection": _coselection,
-    "pgpt_paths": _pgpt_paths,
-    "dsff_gate": _dsff_gate,
-    "gcla_beta": _gcla_beta,
-    "atm_merges": _atm_merges,
-    "pagmlp_pathways": _pagmlp_pathways,
     "table": _table,
     "corpus_utilisation": _corpus_utilisation,
     "corpus_label_shares": _corpus_label_shares,
@@ -176,19 +167,17 @@ DRAWERS: dict[str, Drawer] = {
 }
 
 
-def register_drawer(name: str, drawer: Drawer) -> None:
-    """A drawer for a view kind of a family defined elsewhere (as a DRAWERS line would)."""
-    DRAWERS[name] = drawer
-
-
-def draw(views: Mapping[str, View], ctx: DrawContext) -> dict[str, Piece]:
-    """Every piece of every view, in view order. A view whose drawer is unknown is an error that
-    names it (a family table that names a drawer nobody registered)."""
+def draw(views: Mapping[str, View], ctx: DrawContext, family: Mapping[str, Drawer] = {}) -> dict[str, Piece]:
+    """Every piece of every view, in view order: a view's drawer is the family's for its name
+    (`FamilySpec.drawers`), else the common one of its kind. A view with neither is an error that
+    names it."""
     out: dict[str, Piece] = {}
     for name, view in views.items():
-        if view.drawer not in DRAWERS:
-            raise ValueError(f"view {name!r}: no drawer {view.drawer!r} (drawers: {', '.join(DRAWERS)})")
-        out.update(DRAWERS[view.drawer](name, view, ctx))
+        drawer = family.get(name) or DRAWERS.get(view.drawer)
+        if drawer is None:
+            raise ValueError(f"view {name!r}: no drawer in its family's spec and no common drawer {view.drawer!r} "
+                             f"(common drawers: {', '.join(DRAWERS)})")
+        out.update(drawer(name, view, ctx))
     return out
 
 
@@ -202,7 +191,10 @@ STACKED = "routes"  # the name of a run's stacked choice heatmaps
 
 def run_pieces(run: Any, model: Any) -> dict[str, Piece]:
     """Every view of an analysed run (`analysis.session.Run`) drawn once."""
-    return draw(run.views, DrawContext(run.display_tokens(), run.n_prompt, model.option_labels()))
+    from routescope.families import spec_of  # the spec module imports this one
+
+    return draw(run.views, DrawContext(run.display_tokens(), run.n_prompt, model.option_labels()),
+                spec_of(model).drawers)
 
 
 def draw_run(run: Any, model: Any, *, stacked: bool = False, pieces: Mapping[str, Piece] | None = None

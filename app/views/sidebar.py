@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from routescope.analysis.families import family_analysis
 from routescope.analysis.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
 from routescope.analysis.session import RunSettings
 from routescope.core_models.base import RouteScopeLM
@@ -86,13 +85,13 @@ def _settings(model: RouteScopeLM) -> RunSettings:
         routing = st.radio("Mode", ROUTING_MODES, horizontal=True, key=K.GUMBEL_MODE,
                            help="deterministic: noise-free argmax of the router logits; sampled: Gumbel noise "
                                 "drawn from the seed above")
-    offered = model.run_options()
-    for c in family_analysis(model).controls:  # the family's run options, from its table entry
-        if c.option in offered:
-            st.subheader(c.heading)
-            value = st.slider(c.label, c.low, c.high, float(getattr(model.config, c.option)), c.step,
-                              key=K.run_option_key(c.option), help=offered[c.option])
-            options.append((c.option, float(value)))
+    for o in model.run_options().values():  # the family's run options, as its model declares them
+        if o.whole_sequence or o.kind is not float:  # generation runs with a KV cache
+            continue
+        st.subheader(o.heading or o.name)
+        default = float(getattr(model.config, o.name))  # an option's default is the config field of its name
+        value = st.slider(o.label or o.name, o.low, o.high, default, o.step, key=K.run_option_key(o.name), help=o.help)
+        options.append((o.name, float(value)))
     return RunSettings(max_new_tokens=max_new, greedy=mode == "greedy", temperature=float(temperature),
                        top_k=int(top_k), top_p=float(top_p), seed=int(seed), routing=routing, options=tuple(options))
 

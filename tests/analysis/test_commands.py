@@ -85,17 +85,38 @@ def test_export_with_generation_from_a_tsv(cli, checkpoint, tmp_path):
 
 def test_export_wiola_with_atm(cli, checkpoint, tmp_path):
     cli(["export", checkpoint("wiola", atm_tau=-1.0), "--prompt", "One day a little boy", "--out",
-         tmp_path / "w.csv", "--atm", "--quiet"])
+         tmp_path / "w.csv", "--option", "atm=true", "--quiet"])
     df = read_csv(tmp_path / "w.csv")
     assert {"gate_mean", "beta", "merge", "adjacent_cos"} <= set(df[C.KIND])
     assert df[df[C.KIND] == "merge"][C.SELECTED].any()
+
+
+def test_export_run_options_are_the_models_own(cli, checkpoint, tmp_path):
+    """--option values are checked against what the family's model declares, in its kind and range,
+    before any prompt runs; a tau of 1.0 merges nothing, one below every cosine merges every pair."""
+    ck = checkpoint("wiola")
+    with pytest.raises(ValueError, match=r"option atm_tau = '2': expected a number in \[0.0, 1.0\]"):
+        cli(["export", ck, "--prompt", "hi", "--out", tmp_path / "x.csv", "--option", "atm_tau=2"])
+    with pytest.raises(ValueError, match="option atm = 'maybe': expected true or false"):
+        cli(["export", ck, "--prompt", "hi", "--out", tmp_path / "x.csv", "--option", "atm=maybe"])
+    with pytest.raises(ValueError, match="--option atm: needs --max-new-tokens 0"):
+        cli(["export", ck, "--prompt", "hi", "--out", tmp_path / "x.csv", "--option", "atm=true", "--max-new-tokens", "2"])
+    assert not (tmp_path / "x.csv").exists()
+    merged = {}
+    for tau in ("0", "1"):
+        out = tmp_path / f"t{tau}.csv"
+        cli(["export", ck, "--prompt", "One day a little boy", "--out", out, "--option", "atm=true",
+             "--option", f"atm_tau={tau}", "--quiet"])
+        df = read_csv(out)
+        merged[tau] = df[df[C.KIND] == "merge"][C.SELECTED].sum()
+    assert merged["1"] == 0 < merged["0"]
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--shard", "3/3"], "shard"),
     (["--shard", "x"], "shard"),
     (["--out", "x.xlsx"], "unknown export format"),
-    (["--atm", "--max-new-tokens", "2"], "atm"),
+    (["--option", "atm=true"], "atm: not an option of papaformer-gumbel-v1 models"),
     (["--drop", "parallel.9:0"], "parallel.9"),
 ])
 def test_export_errors(cli, checkpoint, tmp_path, argv, message):

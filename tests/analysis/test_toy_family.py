@@ -1,8 +1,8 @@
-"""A routed family defined in this file only, registered through `core_models.registry` and nothing
+"""A routed family defined in this file only, registered through a `routescope.families.FamilySpec` and nothing
 else, goes through the analysis (views), the export (`routescope export`, CSV) and the app's
 Routing view: the project learns about its routing from the `RoutingLayer` marker alone. Then the
-family adds a view of its own (a family-table entry in `analysis.families` and a drawer in
-`app.components.drawers`, both registered from this file) and the app draws it.
+family's spec adds a view of its own (its analysis and the drawer of that view, both defined in
+this file) and the app draws it.
 
 The toy model: embeddings, L "lane" layers x + sum_j w_j lane_j(x) with w = softmax(gate(x)) over n
 lanes (dropped lanes masked out, a forced lane weighted 1), an untied head. Each layer records its
@@ -24,7 +24,9 @@ from routescope.analysis import families
 from routescope.analysis.export import read_csv
 from routescope.analysis.session import RunSettings, run_prompt
 from conftest import VOCAB
-from routescope.core_models import registry
+from routescope import families as rs_families
+from routescope.core_models import build_model
+from routescope.families import FamilySpec
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.checkpoint import save_checkpoint
 from routescope.core_models.config import BaseConfig
@@ -94,9 +96,9 @@ def toy_param_count(c: ToyConfig) -> int:
 
 @pytest.fixture(scope="module")
 def toy_family():
-    registry.register_family("toy", __name__, "ToyConfig", "Toy", "toy_param_count")
+    rs_families.register(FamilySpec("toy", ToyConfig, Toy, toy_param_count))
     yield
-    registry.FAMILIES.pop("toy")
+    rs_families.unregister("toy")
 
 
 # --- a view of the toy family's own: the entropy of each layer's lane weights per token ------------
@@ -111,7 +113,7 @@ def toy_views(trace, model, **kw):
     keys = [C.BATCH, C.POSITION, C.LAYER]
     p = w[C.WEIGHT].to_numpy(dtype=float)
     ent = w.assign(h=np.where(p > 0, -p * np.log(np.where(p > 0, p, 1.0)), 0.0)).groupby(keys, sort=False)["h"].sum()
-    return {**base, "lane_entropy": families.View(ent.rename(ENTROPY).reset_index(), "toy_entropy")}
+    return {**base, "lane_entropy": families.View(ent.rename(ENTROPY).reset_index(), families.FAMILY)}
 
 
 def draw_entropy(name, view, ctx):
@@ -129,17 +131,17 @@ def draw_entropy(name, view, ctx):
 def toy_view(toy_family, monkeypatch):
     """The toy family's own view and its drawer, registered for one test (AppTest runs the app in
     this process, so it sees them)."""
-    from routescope.app.components import drawers
-
-    monkeypatch.setitem(families.FAMILIES, "toy", families.FamilyAnalysis(views=toy_views,
-                                                                          export=families.GENERIC.export))
-    monkeypatch.setitem(drawers.DRAWERS, "toy_entropy", draw_entropy)
+    analysis = families.FamilyAnalysis(views=toy_views, export=families.GENERIC.export)
+    rs_families.register(FamilySpec("toy", ToyConfig, Toy, toy_param_count, analysis,
+                                    drawers={"lane_entropy": draw_entropy}))
+    yield
+    rs_families.register(FamilySpec("toy", ToyConfig, Toy, toy_param_count))
 
 
 @pytest.fixture(scope="module")
 def toy(toy_family, tokenizer, tmp_path_factory):
     torch.manual_seed(0)
-    model = registry.build_model(ToyConfig()).eval()
+    model = build_model(ToyConfig()).eval()
     path = save_checkpoint(model, tmp_path_factory.mktemp("toy") / "toy-lanes", tokenizer=tokenizer,
                            dtype=torch.float32)
     return model, tokenizer, path

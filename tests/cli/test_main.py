@@ -48,6 +48,6 @@ def test_a_value_outside_the_choices_is_one_line_naming_them(capsys):
 
 
 def test_building_the_parser_imports_no_torch():
-    code = ("import sys; from cli.main import build_parser; build_parser().format_help(); "
+    code = ("import sys; from routescope.cli.main import build_parser; build_parser().format_help(); "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
