@@ -10,7 +10,7 @@ st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 from routescope.app import resources  # noqa: E402  (set_page_config must come first)
 from routescope.app import state as K  # noqa: E402
 from routescope import families  # noqa: E402
-from routescope.app.views import ablation, attribution, corpus, diff, export, generation, routing, sidebar, table6  # noqa: E402
+from routescope.app.views import ablation, attribution, corpus, diff, export, generation, routing, sidebar  # noqa: E402
 from routescope.analysis.prompts import prompt_problem  # noqa: E402
 from routescope.app.components.messages import show_error  # noqa: E402
 from routescope.app.components.route_grid import CSS as STYLES  # noqa: E402
@@ -60,12 +60,12 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
             if view in pages:
                 pages[view].show(model, path, mtime, cur.ablation, ablation.describe(cur.ablation, model))
             else:
-                show_view(view or DEFAULT_VIEW, cur, model, tok, path, mtime, prompt, settings)
+                show_view(view or DEFAULT_VIEW, cur, model, tok, path, mtime, prompt, settings, pages)
         except Exception as e:
             error_box(view or DEFAULT_VIEW, e)
 
 
-def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, settings) -> None:
+def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, settings, pages) -> None:
     if view == "Generation":
         generation.show(cur, tok)
     elif view == "Routing":
@@ -83,8 +83,10 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
     elif view == "Corpus":
         corpus.show(model, tok, path, mtime)
     else:
-        export.show(cur, tok, routing.drawn(cur, model), table6.default_report(model, path, mtime, cur.ablation),
-                    resources.export_bytes(path, mtime, prompt, settings, cur.ablation))
+        extra = {label: table for p in pages.values() if p.tables for label, table in
+                 p.tables(model, path, mtime, cur.ablation).items()}  # the family's pages' tables
+        export.show(cur, tok, routing.drawn(cur, model), extra, resources.export_bytes(path, mtime, prompt, settings,
+                                                                                        cur.ablation))
 
 
 def prompt_box() -> str:

@@ -25,9 +25,10 @@ class InputError(ValueError):
 class RunOption:
     """A family's per-call option (`model(idx, name=value)`), declared once by the family's model:
     forward checks it, the app offers it as a control, the CLI as `--option name=value` and
-    `rs.run(options={name: value})`. `kind`: bool or float (a float in [low, high]).
-    `whole_sequence`: it changes earlier positions, so it cannot run with generation's KV cache
-    (prompt passes only, each row alone); the app does not offer it for generation."""
+    `rs.run(options={name: value})`. `kind`: bool, float (in [low, high]) or object (passed as given:
+    a tensor). `whole_sequence`: it changes earlier positions, so it cannot run with generation's KV
+    cache (prompt passes only, each row alone); the app does not offer it for generation.
+    `offered`: False for options only training sets (the app and the CLI leave them out)."""
 
     name: str
     help: str
@@ -38,9 +39,12 @@ class RunOption:
     label: str = ""  # the control's label and its section heading in the app
     heading: str = ""
     whole_sequence: bool = False
+    offered: bool = True
 
-    def value(self, v: object) -> bool | float:
+    def value(self, v: object) -> object:
         """`v` (a Python value or the CLI's text) as this option's kind; ValueError naming the option."""
+        if self.kind is object:
+            return v
         if self.kind is bool:
             if isinstance(v, bool):
                 return v

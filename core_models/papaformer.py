@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from . import runtime
-from .base import RouteScopeLM
+from .base import RouteScopeLM, RunOption
 from .config import BaseConfig
 from .layers import ROPES, Block, BlockSpec, RMSNorm, init_weights
 from .routers import AUX_BALANCE, AUX_ENTROPY, AUX_ROUTE, AUX_Z, GUMBEL_TAU, ROUTE_TARGETS, GumbelRouter
@@ -230,14 +230,15 @@ class Papaformer(RouteScopeLM):
         balance = c.aux_lambda if c.balance_lambda is None else c.balance_lambda
         return {AUX_ENTROPY: c.aux_lambda, AUX_BALANCE: balance, AUX_Z: c.z_lambda, AUX_ROUTE: c.route_target_lambda}
 
-    def run_options(self) -> dict[str, str]:
-        targets = {ROUTE_TARGETS: "(batch, pos) option every token must take in every parallel layer while training, "
-                                  "-1 = free (the trainer's domain-route warm-up); Share-Linear: the token keeps only "
-                                  "that path's output"}
-        if self.config.combiner == "share_linear":
-            return targets
-        return {GUMBEL_TAU: "Gumbel-softmax temperature of a training call (the trainer's annealing schedule); "
-                            "default: the config's gumbel_tau", **targets}
+    def run_options(self) -> dict[str, RunOption]:
+        """Options only training sets (the trainer's warm-up and annealing); a Gumbel combiner takes
+        its temperature too."""
+        targets = RunOption(ROUTE_TARGETS, "(batch, pos) option every token must take in every parallel layer while "
+                                           "training, -1 = free (the trainer's domain-route warm-up); Share-Linear: the "
+                                           "token keeps only that path's output", object, offered=False)
+        tau = RunOption(GUMBEL_TAU, "Gumbel-softmax temperature of a training call (the trainer's annealing schedule); "
+                                    "default: the config's gumbel_tau", float, offered=False)
+        return {o.name: o for o in ([targets] if self.config.combiner == "share_linear" else [tau, targets])}
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         if self.config.pad_id >= 0:

@@ -30,11 +30,14 @@ ENTRY_POINTS = "routescope.families"
 @dataclass(frozen=True)
 class Page:
     """An app view of a family's own, offered beside the common views where `applies(model)`.
-    `show(model, path, mtime, ablation, described)` draws it (Streamlit, imported when shown)."""
+    `show(model, path, mtime, ablation, described)` draws it (Streamlit, imported when shown);
+    `tables(model, path, mtime, ablation)`, if given, gives the tables the Export view offers for it
+    (label -> (file name part, frame))."""
 
     title: str
     show: Callable[..., None]
     applies: Callable[[RouteScopeLM], bool] = lambda model: True
+    tables: Callable[..., Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,14 @@ def _table6_page(model: RouteScopeLM, path: str, mtime: float, ablation: Any, de
     table6.show(model, path, mtime, ablation, described)
 
 
+def _table6_tables(model: RouteScopeLM, path: str, mtime: float, ablation: Any) -> dict[str, Any]:
+    from routescope.app.views import table6
+
+    report = table6.default_report(model, path, mtime, ablation)
+    return {} if report is None else {"Table 6 report": ("table6", report["report"]),
+                                      "Table 6 summary": ("table6_summary", report["summary"])}
+
+
 TOPK_DRAWERS = {"topk_routes": D.topk_choice, "topk_utilisation": D.utilisation, "topk_coselection": D.coselection}
 
 BUILTIN: tuple[FamilySpec, ...] = (
@@ -72,7 +83,7 @@ BUILTIN: tuple[FamilySpec, ...] = (
                A.FamilyAnalysis(views=A.papaformer_views, export=A.papaformer_export,
                                 route_reader=A.papaformer_reader),
                drawers={"gumbel_routes": D.gumbel_choice, "cosine_dominance": D.cosine_choice},
-               pages=(Page("Table 6", _table6_page),),  # the paper's routing probes (PaPaformer Table 6)
+               pages=(Page("Table 6", _table6_page, tables=_table6_tables),),  # the paper's routing probes (PaPaformer Table 6)
                description="PaPaformer: parallel paths between full layers, Share-Linear or Gumbel combiners"),
     FamilySpec("pgpt", pgpt.PGPTConfig, pgpt.PGPT, pgpt.pgpt_param_count,
                A.FamilyAnalysis(views=A.pgpt_views, export=A.pgpt_export), drawers={"pgpt_paths": D.pgpt_paths},

@@ -1,4 +1,5 @@
-"""Export: routing table (CSV, Parquet), generation with candidates, Table 6, figures, provenance.
+"""Export: routing table (CSV, Parquet), generation with candidates, the family pages' tables, figures,
+provenance.
 
 Every download button has on_click="ignore": a download does not rerun the app. A rerun would give
 each deferred (figure) download a new id and revoke the old one, so a second click while the rerun
@@ -34,9 +35,10 @@ def _offer(col: Any, label: str, data: bytes | str | Callable[[], str], file_nam
     col.download_button(label, data, file_name, mime, key=key, on_click="ignore")
 
 
-def show(run: Run, tokenizer, drawn: Any, table6: dict | None, table: dict[str, bytes]) -> None:
-    """`drawn`: the run's views drawn (`routing.drawn`); `table6`: the Table 6 report of the shipped
-    probes for a model Table 6 applies to (None for other models)."""
+def show(run: Run, tokenizer, drawn: Any, extra: dict[str, Any], table: dict[str, bytes]) -> None:
+    """`drawn`: the run's views drawn (`routing.drawn`); `extra`: the tables of the family's own
+    pages (`routescope.families.Page.tables`: e.g. PaPaformer's Table 6 report), label -> (file
+    name part, frame)."""
     stem = _stem(run)
     st.caption("Every export carries the model, prompt, settings and ablation (columns, or the run JSON).")
     cols = st.columns(3)
@@ -51,12 +53,9 @@ def show(run: Run, tokenizer, drawn: Any, table6: dict | None, table: dict[str, 
     cols = st.columns(3)
     _offer(cols[0], "Generation with top-k (CSV)", frame_csv_bytes(cand), f"{stem}_generation.csv", "text/csv",
            "dl_generation_csv")
-    if table6 is not None:
-        report = table6["report"].assign(model=run.model_name)
-        _offer(cols[1], "Table 6 report (CSV)", frame_csv_bytes(report), f"{stem}_table6.csv", "text/csv",
-               "dl_table6_csv")
-        _offer(cols[2], "Table 6 summary (CSV)", frame_csv_bytes(table6["summary"].assign(model=run.model_name)),
-               f"{stem}_table6_summary.csv", "text/csv", "dl_table6_summary")
+    for i, (label, (name, frame)) in enumerate(extra.items(), start=1):
+        _offer(cols[i % 3], f"{label} (CSV)", frame_csv_bytes(frame.assign(model=run.model_name)),
+               f"{stem}_{name}.csv", "text/csv", f"dl_{name}_csv")
     views = {name: v.frame for name, v in run.views.items()}
     if views:  # every view's own table, as the drawers read it
         st.markdown("**View tables** (CSV, one per routing view of this run)")

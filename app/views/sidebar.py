@@ -86,7 +86,7 @@ def _settings(model: RouteScopeLM) -> RunSettings:
                            help="deterministic: noise-free argmax of the router logits; sampled: Gumbel noise "
                                 "drawn from the seed above")
     for o in model.run_options().values():  # the family's run options, as its model declares them
-        if o.whole_sequence or o.kind is not float:  # generation runs with a KV cache
+        if not o.offered or o.whole_sequence or o.kind is not float:  # generation runs with a KV cache
             continue
         st.subheader(o.heading or o.name)
         default = float(getattr(model.config, o.name))  # an option's default is the config field of its name

@@ -92,6 +92,20 @@ def test_first_load_is_usable():
 
 
 
+def test_a_family_page_is_offered_only_where_its_spec_applies():
+    """Table 6 is the PaPaformer spec's page: offered for its checkpoints, not for MoE ones, and a
+    view left on it falls back to Routing when the checkpoint changes."""
+    at = fresh()
+    pick(at, "papaformer-share-linear")
+    assert "Table 6" in at.segmented_control(key=K.VIEW).options
+    view(at, "Table 6")
+    for name in ("moep", "olmoe-tiny"):
+        pick(at, name)
+        ok(at)
+        assert "Table 6" not in at.segmented_control(key=K.VIEW).options
+        assert at.segmented_control(key=K.VIEW).value == "Routing"
+
+
 @pytest.mark.parametrize("name", ["Routing", "Ablation diff", "Attribution", "Table 6", "Export"])
 def test_every_view_renders(name):
     ok(view(fresh(), name))
