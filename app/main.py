@@ -26,10 +26,14 @@ def error_box(where: str, e: Exception) -> None:
     st.error(f"{where}: {e}" if isinstance(e, ValueError) else f"{where}: {type(e).__name__}: {e}")
 
 
+NEEDS_NO_RUN = ("Table 6", "Corpus")  # views that read neither the prompt nor its run: shown when those fail
+
+
 @st.fragment
-def explorer(path: str, mtime: float, prompt: str, settings) -> None:
+def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None = None) -> None:
     """Everything that follows an ablation toggle; reruns alone when a toggle changes. Only the
-    chosen view is built, so a toggle costs one (cached) run plus one view."""
+    chosen view is built, so a toggle costs one (cached) run plus one view. `problem`: why the prompt
+    cannot run (empty, say); the run's views then say so, and the views that need no run still work."""
     model, tok = resources.load(path, mtime)
     left, right = st.columns([1, 4], gap="medium")
     with left:
@@ -37,25 +41,35 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
         ab = ablation.controls(model, path)
         st.caption("Options count from 0, as in ablation specs (`drop *:1`) and the export's option column.")
     t0 = time.perf_counter()
-    try:
-        cur = resources.run(path, mtime, prompt, settings, ab)
-    except Exception as e:
-        with right:
-            error_box("Cannot run this prompt" if ab.is_empty else f"Ablation {ab.describe()}", e)
-        return
+    cur, failed = None, problem
+    if problem is None:
+        try:
+            cur = resources.run(path, mtime, prompt, settings, ab)
+        except Exception as e:
+            failed = (("Cannot run this prompt" if ab.is_empty else f"Ablation {ab.describe()}") + ": "
+                      + (str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
     elapsed = time.perf_counter() - t0
     with right:
-        st.caption(f"Ablation: {ablation.describe(ab, model)} · updated in {elapsed * 1000:.0f} ms "
-                   f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
-                   help="Runs are cached per checkpoint, prompt, settings and ablation.")
+        if cur is not None:
+            st.caption(f"Ablation: {ablation.describe(ab, model)} · updated in {elapsed * 1000:.0f} ms "
+                       f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
+                       help="Runs are cached per checkpoint, prompt, settings and ablation.")
+        else:
+            st.caption(f"Ablation: {ablation.describe(ab, model)}")
         view = st.segmented_control("View", VIEWS, default=DEFAULT_VIEW, key=K.VIEW, label_visibility="collapsed")
+        view = view or DEFAULT_VIEW
+        if cur is None and view not in NEEDS_NO_RUN:
+            (st.warning if problem else st.error)(failed)
+            st.caption(f"{' and '.join(NEEDS_NO_RUN)} need no run of the prompt: they work meanwhile.")
+            return
         try:
-            show_view(view or DEFAULT_VIEW, cur, model, tok, path, mtime, prompt, settings)
+            show_view(view, cur, ab, model, tok, path, mtime, prompt, settings)
         except Exception as e:
-            error_box(view or DEFAULT_VIEW, e)
+            error_box(view, e)
 
 
-def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, settings) -> None:
+def show_view(view: str, cur, ab, model, tok, path: str, mtime: float, prompt: str, settings) -> None:
+    """`cur`: the prompt's run under `ab` (None where it failed: only NEEDS_NO_RUN views come here then)."""
     if view == "Generation":
         generation.show(cur, tok)
     elif view == "Routing":
@@ -73,7 +87,7 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
     elif view == "Corpus":
         corpus.show(model, tok, path, mtime)
     elif view == "Table 6":
-        table6.show(model, path, mtime, cur.ablation, ablation.describe(cur.ablation, model))
+        table6.show(model, path, mtime, ab, ablation.describe(ab, model))
     else:
         export.show(cur, tok, routing.drawn(cur, model), table6.default_report(model, path, mtime, cur.ablation),
                     resources.export_bytes(path, mtime, prompt, settings, cur.ablation))
@@ -108,11 +122,8 @@ def main() -> None:
     except ValueError as e:
         st.warning(f"{e}.")
         st.stop()
-    problem = prompt_problem(prompt)  # the CLI's rule too
-    if problem:
-        st.warning(problem[0].upper() + problem[1:] + ".")
-        st.stop()
-    explorer(path, mtime, prompt, settings)
+    problem = prompt_problem(prompt)  # the CLI's rule too; said in place of the views that need the prompt
+    explorer(path, mtime, prompt, settings, problem[0].upper() + problem[1:] + "." if problem else None)
 
 
 main()
