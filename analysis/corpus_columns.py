@@ -64,11 +64,16 @@ HELP: dict[str, str] = {
 }
 
 
+ROW_NAMES = (C.LAYER, C.OPTION, C.LABEL)  # what a utilisation row is about: kept before its flags
+
+
 def flags_first(df: pd.DataFrame) -> pd.DataFrame:
-    """The dead / overloaded columns (either model's, in a comparison) before every other one, where
-    a wide table cannot push them off-screen."""
+    """The dead / overloaded columns (either model's, in a comparison) first, after only the columns
+    naming the row (layer, option, label), where a wide table cannot push them off-screen."""
     flags = [c for f in FLAGS for c in df.columns if c == f or (isinstance(c, str) and c.startswith(f + " ("))]
-    return df[flags + [c for c in df.columns if c not in flags]]  # a new frame, also without flags
+    names = [c for c in ROW_NAMES if c in df.columns] if flags else []
+    front = names + flags
+    return df[front + [c for c in df.columns if c not in front]]  # a new frame, also without flags
 
 
 def compare_names(columns: Sequence[str], measures: Sequence[str], names: tuple[str, str]) -> dict[str, str]:
