@@ -25,8 +25,9 @@ option) - or of each option index across all layers (scope="global") - to the sa
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 import torch
@@ -126,6 +127,11 @@ class TokenAttributionResult:
     baseline: str
     n_steps: int
 
+    @property
+    def total(self) -> float:
+        """What the attributions should add up to: f(input) - f(baseline)."""
+        return self.target_log_prob - self.baseline_log_prob
+
     def frame(self, tokenizer: Any = None) -> pd.DataFrame:
         """Per input position: token id (and text with a tokenizer) and attribution."""
         df = pd.DataFrame({C.POSITION: range(len(self.input_ids)), C.TOKEN_ID: self.input_ids,
@@ -184,6 +190,45 @@ class TokenAttribution:
             input_ids=ids[0].tolist(), target_position=p, target_token=token,
             attributions=attr.detach()[0].sum(-1).float().cpu(), convergence_delta=float(delta.reshape(-1)[0]),
             target_log_prob=f_in, baseline_log_prob=f_base, baseline=baseline, n_steps=n_steps)
+
+
+# --- judging the convergence delta ------------------------------------------------------------
+
+DELTA_SHARE = 0.05  # a delta above this share of |f(input) - f(baseline)| is large
+STEP_CHOICES = (32, 64, 128, 256, 512)  # integration steps the app offers (captum's n_steps)
+SHRINK = 0.5  # more steps "help" when the delta at the most steps is at most this share of the fewest's
+
+
+def delta_share(delta: float, total: float) -> float:
+    """|delta| as a share of |total| (inf when the total is 0 and the delta is not)."""
+    if total == 0:
+        return 0.0 if delta == 0 else math.inf
+    return abs(delta) / abs(total)
+
+
+def judge_convergence(deltas: Mapping[int, float], total: float) -> str | None:
+    """A plain sentence when the convergence delta is large against the total it should match, None
+    when it is within DELTA_SHARE. `deltas`: n_steps -> delta measured so far for one target; the
+    judgement is of the most steps, and with two or more settings it says whether more steps shrank
+    it (integration error) or not (the function jumps along the path: a hard route switching, which
+    gradients do not see and no step count closes)."""
+    if not deltas:
+        return None
+    most = max(deltas)
+    share = delta_share(deltas[most], total)
+    if share <= DELTA_SHARE:
+        return None
+    said = (f"The convergence delta ({deltas[most]:+.3f} nats at {most} steps) is {share:.0%} of the total "
+            f"{total:+.3f} nats the attributions should add up to (over {DELTA_SHARE:.0%} is large): read the bars "
+            f"as approximate.")
+    fewest = min(deltas)
+    if fewest == most:
+        return said + " More integration steps shrink the integral's error: try a larger step count."
+    if abs(deltas[most]) <= SHRINK * abs(deltas[fewest]):
+        return said + f" It shrank from {deltas[fewest]:+.3f} at {fewest} steps: more steps should shrink it further."
+    return said + (f" It barely moved from {deltas[fewest]:+.3f} at {fewest} steps, so it is not the integral's error: "
+                   f"along the path from the baseline the model's output jumps (a top-k or argmax route switching), "
+                   f"which gradients do not see; more steps will not close it.")
 
 
 # --- path attribution (ablation, Shapley) ------------------------------------------------------
@@ -267,3 +312,9 @@ class PathAttribution:
         return pd.DataFrame({C.LAYER: [fl for fl, _ in feats], C.OPTION: [o for _, o in feats], C.METHOD: method,
                              C.CONTRIBUTION: contrib, C.FULL_LOG_PROB: full, C.REFERENCE_LOG_PROB: ref,
                              C.POSITION: p, C.TOKEN_ID: token})
+
+
+def by_size(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows by |contribution|, largest first (ties: in feature order), index renumbered."""
+    order = df[C.CONTRIBUTION].abs().sort_values(ascending=False, kind="stable").index
+    return df.loc[order].reset_index(drop=True)

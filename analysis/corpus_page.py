@@ -129,7 +129,9 @@ def _fmt(v: Any) -> str:
 
 def html_table(df: pd.DataFrame, rows: int = PAGE_ROWS) -> str:
     """An escaped HTML table of the first `rows` rows (a note says how many more the files have)."""
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    helps = df.attrs.get("help", {})  # a column's help as its heading's tooltip
+    head = "".join(f'<th title="{html.escape(helps[c])}">{html.escape(str(c))}</th>' if c in helps
+                   else f"<th>{html.escape(str(c))}</th>" for c in df.columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>"
                    for r in df.head(rows).itertuples(index=False))
     more = f"<p class='more'>{len(df) - rows:,} more rows in the table's CSV / Parquet file.</p>" if len(df) > rows else ""
@@ -157,8 +159,8 @@ def render_page(*, title: str, intro: str, pieces: Mapping[str, Mapping[str, Any
         base = view.removeprefix("compare_")
         heading, text = SECTIONS.get(base, (base.replace("_", " ").capitalize(), ""))
         if view.startswith("compare_"):
-            heading, text = f"Compared: {heading.lower()}", "Both models side by side (_a, _b) and the difference " \
-                                                             "b - a."
+            heading, text = f"Compared: {heading.lower()}", "Both models side by side, each column named by its " \
+                                                             "model, and the difference (the second minus the first)."
         parts.append(f'<h2 id="{esc(view)}">{esc(heading)}</h2><p>{esc(text)}</p>')
         for name, piece in drawn.items():
             if isinstance(piece, pd.DataFrame):

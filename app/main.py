@@ -28,10 +28,14 @@ def error_box(where: str, e: Exception) -> None:
     st.error(f"{where}: {e}" if isinstance(e, ValueError) else f"{where}: {type(e).__name__}: {e}")
 
 
+NEEDS_NO_RUN = ("Corpus",)  # views that read neither the prompt nor its run (family pages neither): shown when those fail
+
+
 @st.fragment
-def explorer(path: str, mtime: float, prompt: str, settings) -> None:
+def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None = None) -> None:
     """Everything that follows an ablation toggle; reruns alone when a toggle changes. Only the
-    chosen view is built, so a toggle costs one (cached) run plus one view."""
+    chosen view is built, so a toggle costs one (cached) run plus one view. `problem`: why the prompt
+    cannot run (empty, say); the run's views then say so, and the views that need no run still work."""
     model, tok = resources.load(path, mtime)
     left, right = st.columns([1, 4], gap="medium")
     with left:
@@ -39,33 +43,45 @@ def explorer(path: str, mtime: float, prompt: str, settings) -> None:
         ab = ablation.controls(model, path)
         st.caption("Options count from 0, as in ablation specs (`drop *:1`) and the export's option column.")
     t0 = time.perf_counter()
-    try:
-        cur = resources.run(path, mtime, prompt, settings, ab)
-    except Exception as e:
-        with right:
-            error_box("Cannot run this prompt" if ab.is_empty else f"Ablation {ab.describe()}", e)
-        return
+    cur, failed = None, problem
+    if problem is None:
+        try:
+            cur = resources.run(path, mtime, prompt, settings, ab)
+        except Exception as e:
+            failed = (("Cannot run this prompt" if ab.is_empty else f"Ablation {ab.describe()}") + ": "
+                      + (str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
     elapsed = time.perf_counter() - t0
     with right:
-        st.caption(f"Ablation: {ablation.describe(ab, model)} · updated in {elapsed * 1000:.0f} ms "
-                   f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
-                   help="Runs are cached per checkpoint, prompt, settings and ablation.")
-        pages = {p.title: p for p in families.pages(model)}
+        if cur is not None:
+            st.caption(f"Ablation: {ablation.describe(ab, model)} · updated in {elapsed * 1000:.0f} ms "
+                       f"(this run's forward passes and analyses took {cur.seconds * 1000:.0f} ms when computed)",
+                       help="Runs are cached per checkpoint, prompt, settings and ablation.")
+        else:
+            st.caption(f"Ablation: {ablation.describe(ab, model)}")
+        pages = {p.title: p for p in families.pages(model)}  # the family's own views (its spec's)
         at = VIEWS.index(PAGES_AFTER) + 1
         offered = VIEWS[:at] + list(pages) + VIEWS[at:]
         if st.session_state.get(K.VIEW) not in (None, *offered):  # a page of the previous checkpoint's family
             st.session_state[K.VIEW] = DEFAULT_VIEW
         view = st.segmented_control("View", offered, default=DEFAULT_VIEW, key=K.VIEW, label_visibility="collapsed")
+        view = view or DEFAULT_VIEW
+        no_run = [*pages, *NEEDS_NO_RUN]
+        if cur is None and view not in no_run:
+            (st.warning if problem else st.error)(failed)
+            st.caption(f"{' and '.join(no_run)} need no run of the prompt: they work meanwhile.")
+            return
         try:
             if view in pages:
-                pages[view].show(model, path, mtime, cur.ablation, ablation.describe(cur.ablation, model))
+                pages[view].show(model, path, mtime, ab, ablation.describe(ab, model))
             else:
-                show_view(view or DEFAULT_VIEW, cur, model, tok, path, mtime, prompt, settings, pages)
+                show_view(view, cur, model, tok, path, mtime, prompt, settings, pages)
         except Exception as e:
-            error_box(view or DEFAULT_VIEW, e)
+            error_box(view, e)
 
 
 def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, settings, pages) -> None:
+    """`cur`: the prompt's run under the ablation at the left (None where it failed: only NEEDS_NO_RUN
+    views come here then); `pages`: the family's own pages (their tables go to the Export view)."""
     if view == "Generation":
         generation.show(cur, tok)
     elif view == "Routing":
@@ -118,11 +134,8 @@ def main() -> None:
     except ValueError as e:
         st.warning(f"{e}.")
         st.stop()
-    problem = prompt_problem(prompt)  # the CLI's rule too
-    if problem:
-        st.warning(problem[0].upper() + problem[1:] + ".")
-        st.stop()
-    explorer(path, mtime, prompt, settings)
+    problem = prompt_problem(prompt)  # the CLI's rule too; said in place of the views that need the prompt
+    explorer(path, mtime, prompt, settings, problem[0].upper() + problem[1:] + "." if problem else None)
 
 
 main()

@@ -100,9 +100,9 @@ def effects(path: str, mtime: float, ids: tuple[int, ...], ablation: Ablation, r
 
 
 @st.cache_resource(max_entries=64, show_spinner="Attributing…")
-def token_attribution(path: str, mtime: float, ids: tuple[int, ...], position: int, token: int):
+def token_attribution(path: str, mtime: float, ids: tuple[int, ...], position: int, token: int, n_steps: int = 64):
     model, _ = load(path, mtime)
-    return TokenAttribution(model).attribute(list(ids), position, token)
+    return TokenAttribution(model).attribute(list(ids), position, token, n_steps=n_steps)
 
 
 @st.cache_resource(max_entries=64, show_spinner="Attributing to paths…")

@@ -54,7 +54,7 @@ def utilisation_figure(u: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group", height=340, yaxis_tickformat=".0%", yaxis_range=[0, min(1.0, top * 1.2 + 0.05)],
                       title="Utilisation: each option's share of the routing slots per layer "
                             "(✕ dead: < 1% of uniform; ▲ overloaded: > 2x uniform)",
-                      xaxis=dict(categoryorder="array", categoryarray=layers), margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(categoryorder="array", categoryarray=layers), margin=dict(l=60, r=10, t=50, b=10),
                       plot_bgcolor="white", legend_title_text="option")
     return fig
 
@@ -77,7 +77,7 @@ def label_shares_figure(sh: pd.DataFrame, column: str, reading: str = "token") -
     fig.update_layout(barmode="stack", height=340, yaxis_tickformat=".0%", plot_bgcolor="white",
                       title=f"Route shares by {column} ({'every token' if reading == 'token' else 'last token of each row'})"
                             + (f"; {more} more values in the table" if more > 0 else ""),
-                      margin=dict(l=10, r=10, t=70, b=10), legend_title_text="option")
+                      margin=dict(l=60, r=10, t=70, b=10), legend_title_text="option")
     return fig
 
 
@@ -91,17 +91,24 @@ def accuracy_figure(acc: pd.DataFrame) -> go.Figure:
                              hovertemplate=name + "<br>%{x}: %{y:.1%} (%{customdata[0]:,} of %{customdata[1]:,})"
                                                   "<extra></extra>"))
     fig.update_layout(barmode="group", height=340, yaxis_tickformat=".0%", yaxis_range=[0, 1], plot_bgcolor="white",
-                      title="Accuracy: routes taking the label's intended option", margin=dict(l=10, r=10, t=50, b=10))
+                      title="Accuracy: routes taking the label's intended option", margin=dict(l=60, r=10, t=50, b=10))
     return fig
 
 
+CO_PANEL_PX, CO_GAP_PX, CO_TOP_PX = 190, 96, 100  # a panel; below it its ticks, axis title, the next row's title
+PAGE_PX = 1000  # the width a corpus chart is laid out for (the app's main column, corpus.html's body)
+
+
 def co_routing_figure(co: pd.DataFrame) -> go.Figure:
-    """P(option b at layer j | option a at layer i) as one heatmap per layer pair (up to MAX_PANELS)."""
+    """P(option b at layer j | option a at layer i) as one heatmap per layer pair (up to MAX_PANELS),
+    each titled with its pair on two lines, as many panels a row as their titles leave room for."""
     pairs = list(dict.fromkeys(zip(co[S.LAYER_A], co[S.LAYER_B])))[:MAX_PANELS]
-    cols = min(4, max(1, len(pairs)))
+    longest = max((len(str(x)) + 2 for p in pairs for x in p), default=10)
+    cols = max(1, min(4, len(pairs), PAGE_PX // (8 * longest + 60)))  # about 8 px a character at 13 px
     rows = math.ceil(len(pairs) / cols) if pairs else 1
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"{a} → {b}" for a, b in pairs],
-                        horizontal_spacing=0.08, vertical_spacing=0.18)
+    plot_px = rows * CO_PANEL_PX + (rows - 1) * CO_GAP_PX
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"{a} →<br>{b}" for a, b in pairs],
+                        horizontal_spacing=0.1, vertical_spacing=CO_GAP_PX / plot_px if rows > 1 else 0)
     for k, (la, lb) in enumerate(pairs):
         d = co[(co[S.LAYER_A] == la) & (co[S.LAYER_B] == lb)]
         z = d.pivot(index=C.OPTION_A, columns=C.OPTION_B, values=S.P_B_GIVEN_A)
@@ -114,9 +121,11 @@ def co_routing_figure(co: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title_text="option at the later layer", title_font_size=10)
     fig.update_yaxes(title_text="option at the earlier layer", title_font_size=10, autorange="reversed")
     more = len(set(zip(co[S.LAYER_A], co[S.LAYER_B]))) - len(pairs)
-    fig.update_layout(height=90 + 230 * rows, margin=dict(l=10, r=10, t=70, b=10),
-                      title="Co-routing: P(option at the later layer | option at the earlier layer)"
-                            + (f"; {more} more pairs in the table" if more > 0 else ""))
+    fig.update_annotations(font_size=13)  # the panels' two-line titles
+    fig.update_layout(height=plot_px + CO_TOP_PX + 50, margin=dict(l=60, r=10, t=CO_TOP_PX, b=50),
+                      title=dict(text="Co-routing: P(option at the later layer | option at the earlier layer)"
+                                      + (f"; {more} more pairs in the table" if more > 0 else ""), y=1,
+                                 yref="container", yanchor="top", pad=dict(t=10)))
     return fig
 
 
@@ -137,7 +146,7 @@ def call_values_figure(cv: pd.DataFrame) -> go.Figure:
                                  hovertemplate=f"{kind} · %{{x}} · {name}: mean %{{y:.3f}}<extra></extra>"),
                           row=1, col=c)
             shown.add(name)
-    fig.update_layout(barmode="group", height=340, plot_bgcolor="white", margin=dict(l=10, r=10, t=70, b=10),
+    fig.update_layout(barmode="group", height=340, plot_bgcolor="white", margin=dict(l=60, r=10, t=70, b=10),
                       title="What this family records instead of per-token routes: values over the corpus "
                             "(mean, bars one standard deviation)")
     return fig
@@ -167,7 +176,7 @@ def compare_figure(c: pd.DataFrame, table: str, names: tuple[str, str]) -> go.Fi
             s = d[d[C.OPTION] == o]
             fig.add_trace(go.Bar(x=s[x], y=s[y], name=f"{o}: {name}", marker_color=_colour(o)))
     fig.update_layout(barmode="group", height=340, yaxis_tickformat="+.0%", plot_bgcolor="white",
-                      title=f"{title}: {b} minus {a}", margin=dict(l=10, r=10, t=50, b=10))
+                      title=f"{title}: {b} minus {a}", margin=dict(l=60, r=10, t=50, b=10))
     return fig
 
 

@@ -35,8 +35,9 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
              f"tokens of each row; padding never counted).</p>")
     if other is not None:
         intro += (f"<p>Compared with <b>{esc(other.model)}</b> on the same rows: " +
-                  (esc(f"not comparable: {why_not}") if why_not else "its tables are below, beside this model's "
-                   "(columns _a: " + esc(result.model) + ", _b: " + esc(other.model) + ")") + "</p>")
+                  (esc(f"not comparable: {why_not}") if why_not else "its tables are below, beside this model's, "
+                   "each column named by its model (the embedded JSON and the files name them _a: "
+                   + esc(result.model) + ", _b: " + esc(other.model) + ")") + "</p>")
     meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
     if all_tables is None:
         all_tables = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}

@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from routescope.analysis import columns as C
+from routescope.analysis.corpus_columns import shown_compare, shown_table
 from routescope.analysis.families import View
 from routescope.analysis.routing import option_names
 
@@ -125,33 +126,36 @@ def _table(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
 # --- corpus views (analysis.corpus_run.corpus_views): a figure, then the table it draws ---------------
 
 def _corpus_utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: CF.utilisation_figure(view.frame), f"{name}_table": view.frame}
+    return {name: CF.utilisation_figure(view.frame), f"{name}_table": shown_table(view.frame)}
 
 
 def _corpus_label_shares(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     columns = dict.fromkeys(view.frame["label_column"])
-    return {**{f"{name}_{c}": CF.label_shares_figure(view.frame, c) for c in columns}, f"{name}_table": view.frame}
+    return {**{f"{name}_{c}": CF.label_shares_figure(view.frame, c) for c in columns},
+            f"{name}_table": shown_table(view.frame)}
 
 
 def _corpus_accuracy(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: CF.accuracy_figure(view.frame), f"{name}_table": view.frame}
+    return {name: CF.accuracy_figure(view.frame), f"{name}_table": shown_table(view.frame)}
 
 
 def _corpus_specialisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: CF.specialisation_table(view.frame)}
+    return {name: shown_table(CF.specialisation_table(view.frame))}
 
 
 def _corpus_co_routing(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: CF.co_routing_figure(view.frame), f"{name}_table": view.frame}
+    return {name: CF.co_routing_figure(view.frame), f"{name}_table": shown_table(view.frame)}
 
 
 def _corpus_call_values(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return ({name: CF.call_values_figure(view.frame)} if len(view.frame) else {}) | {f"{name}_table": view.frame}
+    return ({name: CF.call_values_figure(view.frame)} if len(view.frame) else {}) | \
+        {f"{name}_table": shown_table(view.frame)}
 
 
 def _corpus_compare(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    fig = CF.compare_figure(view.frame, view.params["table"], tuple(view.params["names"]))
-    return ({name: fig} if fig is not None else {}) | {f"{name}_table": view.frame}
+    table, names = view.params["table"], tuple(view.params["names"])
+    fig = CF.compare_figure(view.frame, table, names)
+    return ({name: fig} if fig is not None else {}) | {f"{name}_table": shown_compare(view.frame, table, names)}
 
 
 DRAWERS: dict[str, Drawer] = {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -150,7 +151,26 @@ def titled_for_export(fig: go.Figure, model: str, ablation: str) -> go.Figure:
                       margin=dict(t=max(m.t or 0, MARGIN_T) + extra + (0 if own else 20)))
     if fig.layout.height:
         out.update_layout(height=fig.layout.height + extra + (0 if own else 20))
+    whole_token_axis(out)
     return out
+
+
+EXPORT_TICK_PX = 18  # a token's column on an exported page: an upright 12 px tick with room to spare
+
+
+def whole_token_axis(fig: go.Figure) -> None:
+    """Open a windowed token chart (`_axis`) on every token: the x range covers them all and the page
+    is made wide enough for EXPORT_TICK_PX a token (it scrolls sideways), so an exported page shows
+    the whole prompt and continuation, not the app's last TOKEN_WINDOW."""
+    n = max((len(a.tickvals or ()) for a in fig.select_xaxes() if a.tickangle == -90), default=0)
+    windowed = [a for a in fig.select_xaxes() if a.range is not None and a.tickangle == -90
+                and a.range[1] - a.range[0] < n]
+    if not windowed:
+        return
+    for a in windowed:
+        a.range = [-0.5, n - 0.5]
+    m = fig.layout.margin
+    fig.update_layout(width=(m.l or 80) + (m.r or 80) + EXPORT_TICK_PX * n)
 
 
 def _discrete_scale(n: int) -> list[list]:
@@ -374,8 +394,9 @@ def candidates_figure(tokens: list[str], probs: list[float], chosen: str, positi
     labels = [show_token(t) for t in tokens]
     colors = [HIGHLIGHT if t == chosen else NEUTRAL for t in tokens]  # not option colours
     fig = go.Figure(go.Bar(x=probs[::-1], y=labels[::-1], orientation="h", marker_color=colors[::-1],
-                           text=[f"{p:.1%}" for p in probs[::-1]], textposition="outside",
-                           hovertemplate="%{y}: %{x:.4%}<extra></extra>"))
+                           text=[format_prob(p) for p in probs[::-1]], textposition="outside",
+                           customdata=[format_prob(p) for p in probs[::-1]],
+                           hovertemplate="%{y}: %{customdata}<extra></extra>"))
     top = max(probs, default=1.0)
     fig.update_layout(title=f"Next-token candidates at position {position} (dark: the token generated)",
                       # the axis fits the largest value, with room for its label outside the bar
@@ -385,30 +406,106 @@ def candidates_figure(tokens: list[str], probs: list[float], chosen: str, positi
 
 
 def kl_figure(effects: pd.DataFrame, tokens: list[str], n_prompt: int | None = None) -> go.Figure:
-    """KL per position (the distribution at position p predicts token p + 1), the prompt | generated
-    line between the prompt's last token and the first generated one."""
-    e = effects[effects[C.BATCH] == 0]
+    """KL at every position (the distribution at position p predicts token p + 1) in rows of
+    TOKEN_WINDOW positions, the prompt | generated line between the prompt's last token and the first
+    generated one."""
+    e = effects[effects[C.BATCH] == 0].sort_values(C.POSITION)
     colors = [PALETTE[3] if f else PALETTE[0] for f in e[C.FLIPPED]]
     hover = [f"{html.escape(show_token(tokens[p]))} (pos {p})<br>KL {k:.4f} nats<br>p(base top-1): {a:.3f} → {b:.3f}"
              f"{'<br><b>top-1 flipped</b>' if f else ''}"
              for p, k, a, b, f in zip(e[C.POSITION], e[C.KL], e[C.BASE_PROB], e[C.ABLATED_PROB], e[C.FLIPPED])]
-    fig = go.Figure(go.Bar(x=e[C.POSITION], y=e[C.KL], marker_color=colors, customdata=hover,
-                           hovertemplate="%{customdata}<extra></extra>"))
-    fig.update_layout(title="KL(base ‖ ablated) of the next-token distribution at each position "
-                            "(red: top-1 flipped)", yaxis_title="nats", height=360,
-                      margin=dict(l=10, r=10, t=MARGIN_T, b=10))
-    _axis(fig, tokens[:len(e)], n_prompt)
-    return fig
+    return wrapped_token_bars(tokens[:len(e)], [float(k) for k in e[C.KL]], colors, hover,
+                              "KL(base ‖ ablated) of the next-token distribution at each position "
+                              "(red: top-1 flipped)", y_title="nats", n_prompt=n_prompt)
+
+
+POSITIVE, NEGATIVE = PALETTE[2], PALETTE[3]  # an effect's sign: green raises the log-prob, red lowers it
+
+
+def sign_colours(values: Iterable[float]) -> list[str]:
+    return [POSITIVE if v >= 0 else NEGATIVE for v in values]
 
 
 def attribution_figure(tokens: list[str], values: list[float], title: str) -> go.Figure:
-    colors = [PALETTE[2] if v >= 0 else PALETTE[3] for v in values]
-    fig = go.Figure(go.Bar(x=list(range(len(tokens))), y=values, marker_color=colors,
-                           customdata=[html.escape(show_token(t)) for t in tokens],
-                           hovertemplate="%{customdata}: %{y:.4f}<extra></extra>"))
-    _axis(fig, tokens, None)
-    fig.update_layout(title=title, height=320, margin=dict(l=10, r=10, t=40, b=10))
+    """Every input token's attribution, the whole prompt in rows of TOKEN_WINDOW tokens (nothing
+    windowed away: the start of a prompt is often what an attribution is about)."""
+    hover = [f"{html.escape(show_token(t))} (pos {i}): {v:.4f}" for i, (t, v) in enumerate(zip(tokens, values))]
+    return wrapped_token_bars(tokens, values, sign_colours(values), hover, title, y_title="attribution")
+
+
+BAR_ROW_PX = 130  # the plot area of one row of wrapped token bars
+
+
+def wrapped_token_bars(tokens: list[str], values: list[float], colors: list[str], hover: list[str], title: str,
+                       y_title: str = "", n_prompt: int | None = None, per_row: int = TOKEN_WINDOW) -> go.Figure:
+    """Bars over every token, wrapped into rows of `per_row` tokens (the density the windowed charts
+    were sized for), each row ticked with its own tokens and on one shared value scale, so every token
+    is on screen with a readable tick and none is a pan away. The prompt | generated line, where
+    `n_prompt` falls inside the tokens, is drawn in its row."""
+    from plotly.subplots import make_subplots
+
+    n = len(tokens)
+    rows = max(1, math.ceil(n / per_row))
+    ticks = [token_label(t) for t in tokens]
+    gap = 16 + 7 * max(map(len, ticks), default=0) + 24  # the row's upright ticks, then the next row's label
+    plot_px = rows * BAR_ROW_PX + (rows - 1) * gap
+    fig = make_subplots(rows=rows, cols=1, vertical_spacing=gap / plot_px if rows > 1 else 0)
+    finite = [v for v in values if v == v]
+    lo, hi = min([0.0, *finite]), max([0.0, *finite])
+    pad = 0.08 * (hi - lo or 1.0)
+    for r in range(rows):
+        a, b = r * per_row, min(n, (r + 1) * per_row)
+        fig.add_trace(go.Bar(x=list(range(a, b)), y=values[a:b], marker_color=colors[a:b], customdata=hover[a:b],
+                             hovertemplate="%{customdata}<extra></extra>", showlegend=False), row=r + 1, col=1)
+        fig.update_xaxes(tickmode="array", tickvals=list(range(a, b)), ticktext=ticks[a:b], tickangle=-90,
+                         tickfont=TICK_FONT, range=[a - 0.5, a + per_row - 0.5], showgrid=False, ticks="",
+                         fixedrange=True, row=r + 1, col=1)
+    fig.update_yaxes(range=[lo - pad, hi + pad], fixedrange=True, title_text=y_title, title_font_size=11,
+                     tickfont=dict(size=11, color=HIGHLIGHT), zeroline=True, zerolinecolor="#888")
+    if n_prompt is not None and 0 < n_prompt < n:
+        r = n_prompt // per_row  # the row of the first generated token; the line is at its left
+        fig.add_vline(x=n_prompt - 0.5, line=dict(color="#444", dash="dot", width=1), name=DIVIDER, row=r + 1, col=1)
+        fig.add_annotation(x=n_prompt - 0.5, xref=f"x{r + 1 if r else ''}", y=1, yref=f"y{r + 1 if r else ''} domain",
+                           yanchor="bottom", yshift=2, text=DIVIDER_TEXT, showarrow=False,
+                           font=dict(size=11, color="#444"), name=DIVIDER)
+    fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10)),
+                      plot_bgcolor="white", bargap=0.15, margin=dict(l=60, r=20, t=MARGIN_T, b=gap - 24),
+                      height=plot_px + MARGIN_T + gap - 24)
     return fig
+
+
+def axis_ticks(fig: go.Figure) -> list[str]:
+    """Every token tick of a figure, over all its x axes in order (the wrapped rows' too)."""
+    return [t for a in fig.select_xaxes() for t in (a.ticktext or ())]
+
+
+def path_effects_figure(names: list[str], values: list[float], title: str) -> go.Figure:
+    """Horizontal bars, largest |effect| on top, green where the option raises the log-prob and red
+    where it lowers it; tall enough that every option's label has its own line."""
+    order = sorted(range(len(values)), key=lambda i: -abs(values[i]))
+    y = [names[i] for i in order][::-1]  # plotly draws the first category at the bottom
+    x = [values[i] for i in order][::-1]
+    fig = go.Figure(go.Bar(x=x, y=y, orientation="h", marker_color=sign_colours(x),
+                           hovertemplate="%{y}: %{x:+.4f} nats<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="nats (green: raises the log-prob, red: lowers it)",
+                      height=90 + 24 * len(values), plot_bgcolor="white",
+                      margin=dict(l=16 + 7 * max(map(len, names), default=0), r=20, t=40, b=50))
+    fig.update_yaxes(automargin=False, tickfont=dict(size=12, color=HIGHLIGHT), type="category")
+    fig.update_xaxes(zeroline=True, zerolinecolor="#888", showgrid=True, gridcolor="#eee")
+    return fig
+
+
+def format_prob(p: float) -> str:
+    """A probability readable at any size: one decimal of a percent from 0.1%, two significant
+    digits of a percent below (0.034%), scientific notation under a millionth (3.4e-09); never a
+    "0.0%" for a candidate the model did rank."""
+    if p != p:
+        return "n/a"
+    if p >= 1e-3 or p == 0:
+        return f"{p:.1%}"
+    if p >= 1e-6:
+        return f"{p * 100:.2g}%"
+    return f"{p:.1e}"
 
 
 def atm_figure(merges: pd.DataFrame, tokens: list[str], tau: float, n_prompt: int | None = None) -> go.Figure:

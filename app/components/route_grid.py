@@ -24,6 +24,7 @@ table.rs-grid {border-collapse: separate !important; border-spacing: 1px; font-s
   line-height: 12px;}
 .rs-grid th.rs-gen-col {color: #1F5AA6;}
 .rs-grid td {width: 12px; min-width: 12px; height: 15px; padding: 0 !important; border-radius: 2px; cursor: help;}
+.rs-grid .rs-first-gen {border-left: 2px dotted #444 !important;}
 .rs-grid tr.rs-title th {text-align: left; font-weight: 600; padding: 6px 0 0 0 !important; color: #1F2D3D;}
 .rs-legend {font-size: 12px; color: #444;}
 .rs-swatch {display: inline-block; width: 11px; height: 11px; border-radius: 2px; margin: 0 4px 0 10px;
@@ -49,7 +50,9 @@ def route_grid_html(grids: list[ChoiceGrid], tokens: list[str], n_prompt: int | 
     if not grids:
         return ""
     widest = max(grids, key=lambda g: len(g.labels))
-    head = "".join(f'<th class="rs-col{" rs-gen-col" if n_prompt is not None and t >= n_prompt else ""}" '
+    first_gen = n_prompt if n_prompt is not None and 0 < n_prompt < len(tokens) else None
+    edge = lambda t: " rs-first-gen" if t == first_gen else ""  # noqa: E731  (the dotted prompt | generated line)
+    head = "".join(f'<th class="rs-col{" rs-gen-col" if n_prompt is not None and t >= n_prompt else ""}{edge(t)}" '
                    f'title="{_attr(f"position {t}: {show_token(tok)}")}">'
                    f"{html.escape(show_token(tok)[:12])}</th>" for t, tok in enumerate(tokens))
     rows = [f'<tr><th></th>{head}</tr>']
@@ -61,10 +64,15 @@ def route_grid_html(grids: list[ChoiceGrid], tokens: list[str], n_prompt: int | 
                 z = g.z[i, t] if t < g.z.shape[1] else math.nan
                 colour = "#FFFFFF" if z != z else PALETTE[int(z) % len(PALETTE)]
                 tip = _attr(_plain(str(g.hover[i, t])) if t < g.hover.shape[1] else "")
-                cells.append(f'<td style="background:{colour}" title="{tip}"></td>')
+                cls = ' class="rs-first-gen"' if t == first_gen else ""
+                cells.append(f'<td{cls} style="background:{colour}" title="{tip}"></td>')
             rows.append(f'<tr><th class="rs-layer">{html.escape(layer)}</th>{"".join(cells)}</tr>')
     legend = "".join(f'<span class="rs-swatch" style="background:{PALETTE[j % len(PALETTE)]}"></span>'
                      f"{html.escape(label)}" for j, label in enumerate(widest.labels))
     return (f'<div class="rs-grid-wrap"><table class="rs-grid">{"".join(rows)}</table></div>'
-            f'<div class="rs-legend">Routes at a glance (hover a cell for its details; the chart below zooms and '
-            f"exports): {legend}</div>")
+            f'<div class="rs-legend">{GRID_LEGEND} {legend}</div>')
+
+
+GRID_LEGEND = ("Routes at a glance: every token in one table, painted as soon as the page opens (hover a cell for "
+               "its details; blue column heads and the dotted line: the generated tokens start there). The "
+               "interactive chart below has the same routes, to zoom, pan and save as a picture.")

@@ -7,7 +7,7 @@ import pandas as pd
 
 from routescope.analysis import columns as C
 
-from .figures import show_token
+from .figures import format_prob, show_token
 
 CSS = """
 <style>
@@ -48,8 +48,8 @@ def generation_html(spans, n_prompt: int, steps, decode) -> str:
             s = by_pos.get(pos)
             if s is None:
                 continue
-            cands = "\n".join(f"{show_token(decode(i))}  {p:.1%}" for i, p in zip(s.top_ids, s.top_probs))
-            lines.append(f"position {s.position}: p = {s.prob:.1%}\n{cands}")
+            cands = "\n".join(f"{show_token(decode(i))}  {format_prob(p)}" for i, p in zip(s.top_ids, s.top_probs))
+            lines.append(f"position {s.position}: p = {format_prob(s.prob)}\n{cands}")
             low = low or s.prob < 0.5
         parts.append(_span(sp.text, "rs-low" if low else "rs-gen", "\n\n".join(lines)))
     return CSS + f'<div class="rs-text">{"".join(parts)}</div>'

@@ -1,17 +1,59 @@
 """Attribution view: input-token attribution (integrated gradients) and path attribution."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from routescope.analysis import columns as C
+from routescope.analysis.attribution import STEP_CHOICES, by_size, delta_share, judge_convergence
 from routescope.analysis.session import Run, decode_tokens
 
 from .. import resources
 from .. import state as K
-from ..components.figures import attribution_figure, bar_figure, show_token
+from ..components.figures import TOKEN_WINDOW, attribution_figure, path_effects_figure, show_token
+from .export import figure_html
 
 METHODS = {"integrated gradients (input tokens)": "ig", "exact ablation (paths)": "ablation",
            "Shapley value sampling (paths)": "shapley"}
+DEFAULT_STEPS = 64
+
+
+def _integrated_gradients(path: str, mtime: float, key: tuple, shown: list[str], target: str) -> None:
+    n_steps = st.select_slider("Integration steps", STEP_CHOICES, value=DEFAULT_STEPS, key=K.ATTR_STEPS,
+                               help="captum's n_steps: points on the path from the baseline to the input. More "
+                                    "steps shrink the integral's error (and take longer).")
+    res = resources.token_attribution(path, mtime, *key, n_steps)
+    deltas = st.session_state.setdefault(K.ATTR_DELTAS, {}).setdefault(key, {})
+    deltas[res.n_steps] = res.convergence_delta  # this session's record: the delta at each setting tried
+    toks = shown[:len(res.input_ids)]  # the attributed ids are the run's first ones: the whole prompt, every one
+    fig = attribution_figure(toks, res.attributions.tolist(), f"Integrated gradients to log p({target})")
+    st.plotly_chart(fig, key="ig_chart", width="stretch")
+    st.caption(f"Every input token, {len(toks)} in rows of {TOKEN_WINDOW} (green raises log p, red lowers it). log p = "
+               f"{res.target_log_prob:.4f}; baseline ({res.baseline} embeddings) {res.baseline_log_prob:.4f}; the "
+               f"attributions should add up to the difference, {res.total:+.4f} nats. Convergence delta "
+               f"{res.convergence_delta:+.4f} ({delta_share(res.convergence_delta, res.total):.1%} of it) at "
+               f"{res.n_steps} steps.")
+    said = judge_convergence(deltas, res.total)
+    if said:
+        st.warning(said)
+    if len(deltas) > 1 or said:
+        st.dataframe(pd.DataFrame({"steps": list(deltas), "convergence delta (nats)": list(deltas.values()),
+                                   "share of the total": [f"{delta_share(d, res.total):.1%}" for d in deltas.values()]})
+                     .sort_values("steps"), key="ig_deltas", hide_index=True,
+                     column_config={"steps": st.column_config.NumberColumn(help="captum's n_steps")})
+    st.download_button("This chart (HTML, works offline)", lambda: figure_html(fig), "integrated_gradients.html",
+                       "text/html", key="dl_ig_chart", on_click="ignore")
+
+
+def _paths(model, path: str, mtime: float, key: tuple, method: str) -> None:
+    df = by_size(resources.path_attribution(path, mtime, *key, method))  # largest |effect| first
+    labels = model.option_labels()
+    names = [f"{l} · {labels[l][o]}" if l in labels else f"{l}:{o}" for l, o in zip(df[C.LAYER], df[C.OPTION])]
+    st.plotly_chart(path_effects_figure(names, list(df[C.CONTRIBUTION]), f"Contribution to log p ({method}), "
+                                        f"largest |effect| on top"), key="path_attr_chart", width="stretch")
+    table = df.assign(**{"option name": names})
+    st.dataframe(table[["option name", C.CONTRIBUTION, *[c for c in df.columns if c != C.CONTRIBUTION]]],
+                 key="path_attr_table", width="stretch", hide_index=True)
 
 
 def show(run: Run, model, tokenizer, path: str, mtime: float) -> None:
@@ -42,17 +84,6 @@ def show(run: Run, model, tokenizer, path: str, mtime: float) -> None:
         return
     key = (tuple(ids[:pos + 1]), pos, int(token))
     if method == "ig":
-        res = resources.token_attribution(path, mtime, *key)
-        toks = shown[:len(res.input_ids)]  # the attributed ids are the run's first ones
-        st.plotly_chart(attribution_figure(toks, res.attributions.tolist(),
-                                           f"Integrated gradients to log p({show_token(decode_tokens(tokenizer, [token])[0])})"),
-                        key="ig_chart", width="stretch")
-        st.caption(f"log p = {res.target_log_prob:.4f}; baseline ({res.baseline} embeddings) {res.baseline_log_prob:.4f}; "
-                   f"convergence delta {res.convergence_delta:+.5f} ({res.n_steps} steps)")
+        _integrated_gradients(path, mtime, key, shown, show_token(decode_tokens(tokenizer, [token])[0]))
     else:
-        df = resources.path_attribution(path, mtime, *key, method)
-        labels = model.option_labels()
-        names = [f"{l} · {labels[l][o]}" if l in labels else f"{l}:{o}" for l, o in zip(df[C.LAYER], df[C.OPTION])]
-        st.plotly_chart(bar_figure(names, list(df[C.CONTRIBUTION]), f"Contribution to log p ({method})", "nats"),
-                        key="path_attr_chart", width="stretch")
-        st.dataframe(df, key="path_attr_table", width="stretch")
+        _paths(model, path, mtime, key, method)

@@ -13,6 +13,7 @@ import streamlit as st
 from routescope.analysis import corpus as S
 from routescope.analysis import corpus_data as D
 from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
+from routescope.analysis.corpus_columns import column_help
 from routescope.analysis.corpus_page import SECTIONS, frame_bytes
 from routescope.analysis.corpus_run import CorpusSettings, corpus_views, layout_of
 
@@ -24,6 +25,8 @@ from ..components.messages import show_error
 
 SHIPPED, UPLOAD, SERVER = "Shipped dataset", "Upload a file", "File on the server"
 NONE = "(none)"
+COMPARED = ("Both checkpoints side by side, each column named by its checkpoint, and the difference (the second "
+            "minus the first); hover a column's name for what it holds. The downloaded files name them _a, _b, _diff.")
 POLL_SECONDS = 0.5
 LIMITS = (f"Formats: .txt (one prompt per line), or .tsv / .csv / .jsonl / .parquet with a `text` (or `prompt`) "
           f"column and label columns. Limits here: {D.APP_MAX_ROWS:,} rows and {D.APP_MAX_CHARS:,} characters "
@@ -38,7 +41,9 @@ def _dataset() -> D.CorpusData | None:
         if source == SHIPPED:
             return CR.shipped(st.selectbox("Shipped dataset", list(D.SHIPPED), key=K.CORPUS_SHIPPED))
         if source == UPLOAD:
-            f = st.file_uploader("Dataset file", type=[s.lstrip(".") for s in D.SUFFIXES], key=K.CORPUS_UPLOAD)
+            # no `type=`: Streamlit's own refusal names a MIME type and leaves a stale chip; the reader's names the
+            # formats (corpus_data's one line), and a refused file still replaces the previous one
+            f = st.file_uploader("Dataset file", key=K.CORPUS_UPLOAD, help=LIMITS)
             if f is None:
                 st.info("Upload a dataset file to route it. " + LIMITS)
                 return None
@@ -90,12 +95,13 @@ def _show_pieces(pieces: dict[str, dict]) -> None:
         base = view.removeprefix("compare_")
         heading, text = SECTIONS.get(base, (base.replace("_", " ").capitalize(), ""))
         if view.startswith("compare_"):
-            heading, text = f"Compared: {heading.lower()}", "Both checkpoints side by side (_a, _b) and b - a."
+            heading, text = f"Compared: {heading.lower()}", COMPARED
         st.subheader(heading, anchor=f"corpus-{view}")
         st.caption(text)
         for name, piece in drawn.items():
-            if isinstance(piece, pd.DataFrame):
-                st.dataframe(piece, key=f"corpus_table_{name}", width="stretch", hide_index=True)
+            if isinstance(piece, pd.DataFrame):  # flags first, columns named by checkpoint, each one's help
+                st.dataframe(piece, key=f"corpus_table_{name}", width="stretch", hide_index=True,
+                             column_config={c: st.column_config.Column(help=h) for c, h in column_help(piece).items()})
             else:
                 st.plotly_chart(piece, key=f"corpus_fig_{name}", width="stretch")
 

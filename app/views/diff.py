@@ -3,7 +3,8 @@
 The counts above them share one basis, the generated tokens: "changed tokens" compares the two
 continuations (each generated freely), and "top-1 flips" and "mean KL" are measured at the steps
 that generated the unablated continuation (it is fed to both models, so the steps line up). The
-KL chart below shows every position, prompt included, with the prompt | generated line."""
+KL chart below shows every position, prompt included, in rows of TOKEN_WINDOW, with the prompt |
+generated line."""
 from __future__ import annotations
 
 import streamlit as st
@@ -12,7 +13,7 @@ from routescope.analysis import columns as C
 from routescope.analysis.effects import first_divergence, generation_diff
 from routescope.analysis.session import Run
 
-from ..components.figures import DIVIDER_LEGEND, kl_figure
+from ..components.figures import DIVIDER_LEGEND, TOKEN_WINDOW, kl_figure
 from ..components.tokens import DIFF_LEGEND, diff_html
 
 
@@ -46,7 +47,7 @@ def show(base: Run, ablated: Run, effects, tokenizer) -> None:
                    help="Steps of the unablated continuation at which the ablated model's most likely next "
                         "token differs (both models read the same unablated tokens)")
     st.caption(f"Changed tokens, mean KL and top-1 flips all count the {n_gen} generated tokens (the chart below "
-               f"has every position, the prompt's too). Changed tokens compares the two continuations as each "
+               f"has every position, the prompt's too, in rows of {TOKEN_WINDOW}). Changed tokens compares the two continuations as each "
                f"model generated them; KL and flips are measured with both models reading the unablated "
                f"continuation, so its steps line up.")
     left, right = st.columns(2)

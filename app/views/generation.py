@@ -1,12 +1,13 @@
 """Generation view: hoverable continuation, per-step candidates and the next-token chart."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from routescope.analysis.session import Run, candidates_table, decode_tokens
 
 from .. import state as K
-from ..components.figures import candidates_figure, show_token
+from ..components.figures import candidates_figure, format_prob, show_token
 from ..components.tokens import LEGEND, generation_html
 
 
@@ -35,10 +36,16 @@ def show(run: Run, tokenizer) -> None:
     st.plotly_chart(candidates_figure(texts, s.top_probs, run.tokens[s.position], s.position),
                     key="candidates_chart", width="stretch")
     with st.expander("Every step as a table"):
-        table = candidates_table(run, tokenizer)
-        summary = (table.groupby("step", sort=True)
-                   .apply(lambda g: ", ".join(f"{show_token(c)} - {p:.1%}" for c, p in zip(g.candidate, g.prob)),
-                          include_groups=False))
-        st.dataframe({"token": [show_token(shown[s.position]) for s in steps],
-                      "p": [f"{s.prob:.1%}" for s in steps], "candidates": list(summary)},
-                     width="stretch", key="steps_table")
+        st.dataframe(steps_table(run, tokenizer, shown), width="stretch", key="steps_table", hide_index=True)
+
+
+def steps_table(run: Run, tokenizer, shown: list[str]) -> pd.DataFrame:
+    """One row per generated token: the token, its probability, then each candidate in a column of
+    its own ("#1", "#2", ...; text and probability, `format_prob`), so none is cut off."""
+    table = candidates_table(run, tokenizer)
+    ranked = (table.assign(cell=[f"{show_token(c)}  {format_prob(p)}" for c, p in zip(table.candidate, table.prob)])
+              .pivot(index="step", columns="rank", values="cell").rename(columns=lambda r: f"#{r + 1}"))
+    steps = run.generation.steps
+    front = pd.DataFrame({"token": [show_token(shown[s.position]) for s in steps],
+                          "p": [format_prob(s.prob) for s in steps]}, index=range(len(steps)))
+    return front.join(ranked).fillna("")

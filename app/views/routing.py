@@ -15,7 +15,9 @@ from routescope.core_models.base import RouteScopeLM
 from ..components import drawers as D
 from ..components import figures as F
 
-STACKED = D.STACKED  # the name of the stacked choice heatmaps (drawn(..., stacked=True))
+STACKED = D.STACKED
+CHARTS_LEGEND = ("Interactive charts: drag to pan along the tokens, double-click for all of them, hover for the "
+                 "values, the camera icon saves a PNG (the Export view has each as an offline HTML page).")  # the name of the stacked choice heatmaps (drawn(..., stacked=True))
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ def show(run: Run, d: Drawn) -> Drawn:
         st.info(f"{run.family} has no routing to show: it is a dense model, or its routing layers record "
                 f"nothing this view can draw.")
     elif any(F.has_divider(fig) for fig in d.figures.values()):
-        st.caption(F.DIVIDER_LEGEND)
+        st.caption(CHARTS_LEGEND + " " + F.DIVIDER_LEGEND)
     for name, fig in d.figures.items():
         st.plotly_chart(fig, key=f"fig_{name}", width="stretch")
     for name, table in d.tables.items():

@@ -37,11 +37,23 @@ def _pick_checkpoint() -> CheckpointInfo | None:
                         format_func=lambda p: labels[p].name + ("  (uploaded)" if p == uploaded else ""))
     info = labels[path]
     params = f"{info.params:,} parameters" if info.params else "parameters: see model card"
-    if info.params_active and info.params_active != info.params:
-        params += f" ({info.params_active:,} active per token)"
+    active = info.params_active or _active_params(path)
+    if active and active != info.params:
+        params += f" ({active:,} active per token)"
     losses = ", ".join(f"{d} {v:.3f}" for d, v in info.val_loss.items()) or "not recorded"
     st.caption(f"**{info.family}** · {params}  \nvalidation loss: {losses}")
     return info
+
+
+def _active_params(path: str) -> int | None:
+    """Parameters a token uses, counted by the model itself where no training summary records them (an
+    uploaded or newly added checkpoint); the load is the one the page makes next (cached). None when it
+    cannot load: the page says why."""
+    try:
+        model, _ = resources.load(path, resources.stamp(path))
+        return model.active_params()
+    except Exception:
+        return None
 
 
 def _upload() -> None:

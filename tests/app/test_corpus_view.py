@@ -69,8 +69,9 @@ def until_done(at: AppTest, timeout: float = 120) -> AppTest:
 # a table of the view by the columns only it has (AppTest does not report a dataframe's key)
 COLUMNS = {"summary": {"metric", "value"}, "utilisation_table": {"slot_share", "dead"},
            "label_shares_table": {"label_value", "reading", "share"}, "specialisation": {"g2", "share_of_token"},
-           "call_values_table": {"kind", "scope", "mean"}, "compare_utilisation_table": {"slot_share_diff"},
-           "compare_label_shares_table": {"share_diff"}}
+           "call_values_table": {"kind", "scope", "mean"},
+           "compare_utilisation_table": {"slot_share (papaformer-gumbel-v2 − papaformer-gumbel-v1)"},
+           "compare_label_shares_table": {"share (papaformer-gumbel-v2 − papaformer-gumbel-v1)"}}
 
 
 def tables_of(at: AppTest) -> list[pd.DataFrame]:
@@ -80,7 +81,7 @@ def tables_of(at: AppTest) -> list[pd.DataFrame]:
 def table(at: AppTest, name: str) -> pd.DataFrame:
     want = COLUMNS[name]
     found = [t for t in tables_of(at) if want <= set(t.columns) and (name.startswith("compare_") or
-                                                                   not any(c.endswith("_a") for c in t.columns))]
+                                                                   not any(c.endswith(")") for c in t.columns))]
     assert len(found) == 1, (name, [list(t.columns) for t in tables_of(at)])
     return found[0]
 
@@ -120,14 +121,20 @@ def test_uploaded_tsv_per_label_shares_flags_specialisation_and_comparison(downl
     assert set(shares["label_value"]) == {"story", "math", '=HYPERLINK("x")'}
     pd.testing.assert_frame_equal(shares.reset_index(drop=True), want["label_shares"], check_dtype=False)
     util = table(at, "utilisation_table")
-    pd.testing.assert_frame_equal(util.reset_index(drop=True), want["utilisation"], check_dtype=False)
+    pd.testing.assert_frame_equal(util.reset_index(drop=True), want["utilisation"], check_dtype=False, check_like=True)
     assert {"dead", "overloaded"} <= set(util.columns) and util["dead"].any()  # "combined": never picked here
+    assert list(util.columns[:5]) == ["layer", "option", "label", "dead", "overloaded"]  # flags on screen
     spec = table(at, "specialisation")
     assert list(spec["token_id"]) == list(want["specialisation"]["token_id"]) and len(spec)
     compared = S.compare_tables(want, tables["papaformer-gumbel-v2"])
     got = table(at, "compare_utilisation_table")
-    pd.testing.assert_frame_equal(got.reset_index(drop=True), compared["utilisation"], check_dtype=False)
-    assert {"slot_share_a", "slot_share_b", "slot_share_diff"} <= set(got.columns)
+    a, b = "papaformer-gumbel-v1", "papaformer-gumbel-v2"  # columns named by checkpoint (the files keep _a, _b)
+    by_name = {f"{m} ({a})": f"{m}_a" for m in ("slot_share", "token_share", "first_share", "dead", "overloaded")}
+    by_name |= {f"{m} ({b})": f"{m}_b" for m in ("slot_share", "token_share", "first_share", "dead", "overloaded")}
+    by_name |= {f"{m} ({b} − {a})": f"{m}_diff" for m in ("slot_share", "token_share", "first_share")}
+    assert set(by_name) <= set(got.columns)
+    pd.testing.assert_frame_equal(got.rename(columns=by_name).reset_index(drop=True), compared["utilisation"],
+                                  check_dtype=False, check_like=True)
     assert "Compared: routes by label" in [s.value for s in at.subheader]
     # downloads: every table as CSV (the one writer: the label that looks like a formula is neutralised)
     csvs = {n: d for n, d in downloads.values() if n and n.endswith(".csv")}

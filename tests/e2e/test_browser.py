@@ -503,3 +503,37 @@ def test_issue23_table6_diff_keep_only_and_exports(app_url, browser, tmp_path):
     assert top < hi <= top * 1.5
     page.screenshot(path=str(ARTIFACTS / "15_pgpt_keep_only_and_candidates.png"), full_page=True)
     page.close()
+
+
+# --- issue 31: attribution shows the whole prompt (the exact-ablation order: tests/app/test_rough_edges_31.py) ---
+
+MATH_PROMPT = ("Tom had 3 apples. He got 5 more apples. How many apples does Tom have now? Tom has 8 apples. Then "
+               "Anna gave him 2 more apples and he ate one of them. How many apples does Tom have at the end? He has")
+
+
+def test_issue31_attribution_ticks_every_prompt_token(app_url, browser):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ROOT / "checkpoints" / "tokenizer.json"))
+    n_prompt = len(tok.encode(MATH_PROMPT).ids)
+    assert n_prompt > 40  # longer than the heatmaps' window: the old chart opened on its end
+    page = browser.new_page(viewport={"width": 1600, "height": 1000}, accept_downloads=True)
+    page.goto(app_url)
+    _ready(page, "updated in")
+    _pick(page, "moep")
+    box = page.get_by_role("textbox", name="Prompt")
+    box.fill(MATH_PROMPT)
+    page.get_by_role("button", name="Generate").click()
+    _idle(page)
+    page.get_by_role("radio", name="Attribution", exact=True).click()
+    _idle(page)
+    page.get_by_role("button", name="Attribute").click()
+    page.get_by_text("Convergence delta").first.wait_for(timeout=120_000)
+    _idle(page)
+    ig = next(c for c in _charts(page) if c["title"].startswith("Integrated gradients"))
+    ticks = [t["text"] for t in ig["xticks"]]
+    assert len(ticks) == n_prompt  # every input token has its tick on screen, the start of the prompt too
+    assert ticks[0] == "Tom"
+    page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "31_01_ig_whole_prompt.png"))
+    page.close()
