@@ -116,6 +116,17 @@ def test_a_folder_imported_by_its_own_name_is_refused():
     assert out.stdout.split() == ["['routescope.analysis.families']"], out.stderr[-2000:]
 
 
+def test_models_load_and_run_without_the_training_code():
+    """Training (core_models.training) and the synthetic corpora stay out of the model package's
+    import path: loading a checkpoint, running and analysing a prompt import neither."""
+    code = ("import sys, routescope as rs\n"
+            "m, t = rs.load('checkpoints/pgpt')\n"
+            "rs.run(m, t, 'Once upon a time', max_new_tokens=2)\n"
+            "print(sorted(k for k in sys.modules if k.startswith(('routescope.corpora', 'routescope.core_models.training'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+
+
 def readme_example() -> str:
     text = (ROOT / "README.md").read_text()
     m = re.search(r"```python\n(import routescope as rs\n.*?)```", text, re.S)
