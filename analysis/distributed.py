@@ -556,7 +556,7 @@ def verify_export(plan: ExportPlan, out: str) -> None:
 
 
 def export_ray(checkpoint: str | Path, source: PromptSource, out: str, job: B.ExportJob, *, workers: int = 2,
-               partition_size: int = 1000, threads: int = 1, device: str = "auto", dtype: str = "float32",
+               partition_size: int = 1000, threads: int = 1, device: str = "auto", dtype: str = "auto",
                progress: bool = True, max_retries: int = 3) -> RaySummary:
     """Export the routing rows of every prompt of `source` to the Parquet dataset directory `out`
     (module doc): check, plan, run, verify. Inputs are checked before any work; returns what was

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 ENV_ROOTS = "ROUTESCOPE_CHECKPOINTS"  # checkpoint roots besides the shipped one, separated by os.pathsep
 ENV_DEVICE = "ROUTESCOPE_DEVICE"  # where the app runs models: auto, cpu, cuda, mps (`--device`)
-ENV_DTYPE = "ROUTESCOPE_DTYPE"  # float32, bfloat16, float16 (`--dtype`)
+ENV_DTYPE = "ROUTESCOPE_DTYPE"  # auto (as stored), float32, bfloat16, float16 (`--dtype`)
 ENV_THREADS = "ROUTESCOPE_THREADS"  # torch CPU threads of the app process (default 1)
 ENV_MAX_UPLOAD_MB = "ROUTESCOPE_MAX_UPLOAD_MB"  # largest checkpoint upload the app accepts (default 100)
 
@@ -17,8 +17,8 @@ def extra_roots(env: Mapping[str, str] = os.environ) -> list[str]:
 
 
 def device_setting(env: Mapping[str, str] = os.environ) -> tuple[str, str]:
-    """(device, dtype) the app loads models with: "auto" and "float32" unless the environment says."""
-    return env.get(ENV_DEVICE, "auto"), env.get(ENV_DTYPE, "float32")
+    """(device, dtype) the app loads models with: "auto" and "auto" unless the environment says."""
+    return env.get(ENV_DEVICE, "auto"), env.get(ENV_DTYPE, "auto")
 
 
 def app_threads(env: Mapping[str, str] = os.environ) -> int:

@@ -47,7 +47,7 @@ def device_label() -> str:
         where = str(resolve_device(device))
     except ValueError as e:
         return str(e)
-    return f"{where} · {dtype}" + (" (auto)" if device == "auto" else "")
+    return f"{where} · {'dtype as stored' if dtype == 'auto' else dtype}" + (" (auto)" if device == "auto" else "")
 
 
 def load(path: str, mtime: float):

@@ -164,6 +164,6 @@ def add_device_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=ChoicesOf("routescope.core_models.devices", "DEVICES"), default="auto", metavar="DEVICE",
                    help="where the model runs, one of %(choices)s (default auto: CUDA if available, then MPS, "
                         "else the CPU)")
-    p.add_argument("--dtype", choices=ChoicesOf("routescope.core_models.devices", "DTYPES"), default="float32", metavar="DTYPE",
-                   help="parameter precision, one of %(choices)s (default %(default)s; see the README for the "
-                        "tolerance of bfloat16 against float32)")
+    p.add_argument("--dtype", choices=ChoicesOf("routescope.core_models.devices", "DTYPES"), default="auto", metavar="DTYPE",
+                   help="parameter precision, one of %(choices)s (default auto: as the checkpoint stores it, "
+                        "float32 for float16 on the CPU; see the README for the tolerance of bfloat16 against float32)")

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 from .base import RouteScopeLM
 from .config import BaseConfig, ConfigError, json_kind
-from .devices import place, resolve_device, resolve_dtype
+from .devices import STORED, place, require_fits, resolve_device, resolve_dtype, run_dtype
 from .hf import is_hf_config
 from .registry import build_model, config_from_dict, param_count
 
@@ -288,6 +288,15 @@ def load_tokenizer_file(path: str | os.PathLike):
         raise CheckpointError(f"{path}: not a valid HF tokenizers file ({e})") from None
 
 
+def stored_dtype(header: Header) -> torch.dtype | None:
+    """The floating dtype most of a checkpoint's parameters are stored in (by count), or None."""
+    counts: dict[torch.dtype, int] = {}
+    for shape, name in header.values():
+        if name in STORED:
+            counts[STORED[name]] = counts.get(STORED[name], 0) + math.prod(shape)
+    return max(counts, key=counts.get) if counts else None
+
+
 def tokenizer_mismatch(tokenizer, vocab_size: int) -> str | None:
     """Why `tokenizer` cannot serve a model of `vocab_size` ids, or None. Both directions break: with
     fewer tokens the ids past the tokenizer decode to nothing (the model can and does emit them),
@@ -301,7 +310,7 @@ def tokenizer_mismatch(tokenizer, vocab_size: int) -> str | None:
     return None
 
 
-def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torch.dtype):
+def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torch.dtype | None):
     """A transformers model directory, loaded by transformers from local safetensors files only."""
     from .hf import check_hf_directory, load_hf
 
@@ -322,12 +331,14 @@ def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torc
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu",
-                    dtype: str | torch.dtype = torch.float32):
-    """Return (model in eval mode, tokenizer or None). Every check runs before the model takes memory.
+                    dtype: str | torch.dtype | None = "auto"):
+    """Return (model in eval mode, tokenizer or None). Every check runs before the model takes memory,
+    the last of them that it fits in the memory `device` has free (devices.require_fits).
 
     `device`: "cpu", "cuda[:N]", "mps", "auto" (devices.resolve_device) or "meta" (every check, no
-    weight read: a model of shapes only). `dtype` applies to the floating parameters (float32,
-    bfloat16, float16); the position tables stay float32 (devices.place)."""
+    weight read: a model of shapes only). `dtype` applies to the floating parameters: "auto" (the
+    default) the dtype the checkpoint stores (float32 for float16 on the CPU: devices.run_dtype),
+    or float32, bfloat16, float16; the position tables stay float32 (devices.place)."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     path = Path(path)
     if not path.is_dir():
@@ -343,6 +354,11 @@ def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cp
     if tok is not None and (problem := tokenizer_mismatch(tok, config.vocab_size)):
         raise CheckpointError(f"{path / TOKENIZER}: {problem} in {path / CONFIG}")
     header = read_header(weights)
+    dtype = run_dtype(dtype, stored_dtype(header), device)
+    try:
+        require_fits(param_count(config), dtype, device, str(path))  # from the config: before any check builds it
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     check_size(config, header, path / CONFIG, weights)
     model = shape_model(config)
     check_tensors(model, weights, header)

@@ -5,6 +5,9 @@ moving a model there.
 that is not available is refused with one line (never a silent fall-back to the CPU, which would
 make a "GPU" benchmark measure the CPU).
 
+`--dtype auto` (the default everywhere) loads a model in the dtype its checkpoint stores
+(`run_dtype`), and before any weight is read the loader checks that it fits (`require_fits`).
+
 Reduced precision (`bfloat16`, `float16`) applies to the parameters only: the position tables the
 models compute at construction (RoPE / SRPE cos and sin) stay float32 buffers, and every family
 already runs its norms, rotary, softmaxes and logits in float32. Token inputs, the routing
@@ -13,11 +16,16 @@ recorded traces (`runtime.Trace`: CPU, float32) are independent of where the mod
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # what the command line and the app offer
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTO = "auto"  # the dtype the checkpoint stores (`stored_dtype`), float32 for float16 on the CPU
+DTYPES = {AUTO: None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# safetensors' dtype names of the floating dtypes a checkpoint may store
+STORED = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 def cuda_available() -> bool:
@@ -55,10 +63,11 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
-    """"float32" | "bfloat16" | "float16" (or the torch dtype; None = float32)."""
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """"float32" | "bfloat16" | "float16" (or the torch dtype) -> the torch dtype; "auto" (or None)
+    -> None: the loader takes the checkpoint's own (`run_dtype`)."""
     if dtype is None:
-        return torch.float32
+        return None
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype {dtype}: expected one of {', '.join(DTYPES)}")
@@ -67,6 +76,71 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def run_dtype(asked: torch.dtype | None, stored: torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The dtype a model runs in: the one asked for, else ("auto") the one its checkpoint stores,
+    except float16 on the CPU (slow and partly unsupported there: float32, as the shipped float16
+    checkpoints always ran) and a checkpoint that says nothing (float32)."""
+    if asked is not None:
+        return asked
+    if stored is None or (stored == torch.float16 and device.type == "cpu"):
+        return torch.float32
+    return stored
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (no limit) and anything odd: None
+
+
+def available_memory(device: torch.device) -> tuple[int, str] | None:
+    """Bytes a model may still take on `device`, and where that figure comes from: the GPU's free
+    memory; on the CPU the cgroup's limit less its usage (containers) where that is smaller than the
+    kernel's MemAvailable. None where nothing can be read (then nothing is refused)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free, f"free on {device}"
+    if device.type != "cpu":
+        return None
+    found = []
+    limit, used = _read_int(Path("/sys/fs/cgroup/memory.max")), _read_int(Path("/sys/fs/cgroup/memory.current"))
+    if limit is not None and used is not None:
+        found.append((max(0, limit - used), "the cgroup's memory limit less its usage"))
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append((int(line.split()[1]) * 1024, "MemAvailable"))
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(found) if found else None
+
+
+class TooLarge(ValueError):
+    """A model that would not fit in the memory its device has free (`require_fits`)."""
+
+
+HEADROOM = 512 * 2**20  # besides the parameters: activations of a short prompt, the interpreter's own growth
+
+
+def require_fits(n_params: int, dtype: torch.dtype, device: torch.device, where: str) -> None:
+    """ValueError in one line, before any weight is read, when `n_params` parameters in `dtype`
+    (plus HEADROOM) exceed what `device` has free: both figures and the way out. The process is
+    never left to the kernel's out-of-memory killer."""
+    if device.type == "meta":
+        return
+    have = available_memory(device)
+    need = n_params * torch.finfo(dtype).bits // 8 + HEADROOM
+    if have is None or need <= have[0]:
+        return
+    name = str(dtype).removeprefix("torch.")
+    smaller = "; or load it as bfloat16 (--dtype bfloat16)" if dtype == torch.float32 else ""
+    raise TooLarge(f"{where}: needs about {need / 2**30:.1f} GiB as {name} ({n_params / 1e9:.2f}B parameters) "
+                     f"but {have[0] / 2**30:.1f} GiB is available on {device} ({have[1]}): use a machine with "
+                     f"more memory{smaller}")
 
 
 def model_device(model: nn.Module) -> torch.device:

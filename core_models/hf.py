@@ -54,6 +54,7 @@ from torch.overrides import TorchFunctionMode
 from . import runtime
 from .base import RouteScopeLM
 from .config import BaseConfig
+from .devices import DTYPES, TooLarge, require_fits, run_dtype
 from .runtime import AblationError, KVCache
 from .sites import INDICES, LOGITS, PROBS, WEIGHTS, RoutingLayer, Site, site_name
 
@@ -579,9 +580,22 @@ def _site(name: str, shape: str) -> Site:
 
 # --- loading ---------------------------------------------------------------------------------------
 
-def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: torch.dtype) -> HFModel:
+def _stored_dtype(path: Path, d: dict) -> torch.dtype | None:
+    """The dtype a transformers directory stores: its config's `dtype` (`torch_dtype` before
+    transformers 5), else the first safetensors file's tensors."""
+    from .checkpoint import read_header, stored_dtype
+
+    named = d.get("dtype", d.get("torch_dtype"))
+    if isinstance(named, str) and DTYPES.get(named.removeprefix("torch.")) is not None:
+        return DTYPES[named.removeprefix("torch.")]
+    files = sorted(Path(path).glob("*.safetensors"))
+    return stored_dtype(read_header(files[0])) if files else None
+
+
+def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: torch.dtype | None) -> HFModel:
     """The transformers model in directory `path` (config dict `d`), from local files only, safetensors
-    only (`check_hf_directory` ran first), wrapped and instrumented."""
+    only (`check_hf_directory` ran first), wrapped and instrumented. `dtype` None: as stored
+    (`devices.run_dtype`). Refused before any weight is read when it does not fit (`require_fits`)."""
     check_hf_directory(path, d)
     try:
         from transformers import AutoModelForCausalLM
@@ -603,11 +617,15 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         with torch.device("meta"):  # shapes only: refuse a routing RouteScope cannot follow before reading weights
             hf = AutoModelForCausalLM.from_config(config.transformers_config(), trust_remote_code=False)
         moe_layout(hf)
+        dtype = run_dtype(dtype, _stored_dtype(Path(path), d), device)
+        require_fits(sum(p.numel() for p in hf.parameters()), dtype, device, str(path))
         if device.type != "meta":
             hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
                                                       trust_remote_code=False,  # never run the directory's code
                                                       dtype=dtype, device_map=None)
             hf = hf.to(device)
+    except TooLarge:
+        raise
     except UnsupportedMoE as e:
         raise ValueError(f"{path}: model_type {config.model_type!r} is a mixture of experts RouteScope cannot "
                          f"follow: {e}") from None

@@ -429,3 +429,38 @@ def test_without_transformers_an_hf_directory_is_refused_in_one_line(saved, monk
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
     with pytest.raises(CheckpointError, match=r"needs the hf extra: pip install .*'\.\[hf\]'"):
         load_checkpoint(path)
+
+
+def test_auto_loads_a_bfloat16_directory_as_bfloat16_as_transformers_does(saved, tmp_path):
+    """dtype "auto" (the default) is the dtype the directory stores: transformers' own auto load
+    agrees, and the logits are transformers' own at that dtype."""
+    from transformers import AutoModelForCausalLM
+
+    m, _ = saved("olmoe")
+    path = tmp_path / "bf16"
+    m.to(torch.bfloat16).save_pretrained(path)
+    m.float()  # the shared fixture model stays float32
+    model, _ = load_checkpoint(path)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
+    assert next(model.parameters()).dtype == next(ref.parameters()).dtype == torch.bfloat16
+    ids = torch.tensor([[3, 17, 5, 9, 30, 2]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)
+    assert next(load_checkpoint(path, dtype="float32")[0].parameters()).dtype == torch.float32  # as asked
+
+
+def test_a_model_that_cannot_fit_is_refused_before_any_weight_is_read(tmp_path):
+    """An OLMoE-shaped config far past any machine's memory (built on the meta device only, never
+    allocated): one line with both figures and the way out, before transformers reads the weights
+    (the directory's one weight file is not even a safetensors file)."""
+    import transformers as T
+
+    T.OlmoeConfig(vocab_size=50304, hidden_size=16384, intermediate_size=8192, num_hidden_layers=64,
+                  num_attention_heads=64, num_key_value_heads=64, num_experts=256,
+                  num_experts_per_tok=8, dtype="bfloat16").save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not read")
+    with pytest.raises(CheckpointError, match=r"needs about [\d.]+ GiB as bfloat16 \([\d.]+B parameters\) but [\d.]+ "
+                                              r"GiB is available on cpu .*use a machine with more memory$"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match=r"as float32 .*or load it as bfloat16 \(--dtype bfloat16\)$"):
+        load_checkpoint(tmp_path, dtype="float32")

@@ -76,11 +76,20 @@ def test_a_cuda_index_past_the_devices_is_refused(machine):
 def test_dtypes_by_name_and_refusals():
     assert devices.resolve_dtype("bfloat16") is torch.bfloat16
     assert devices.resolve_dtype("torch.float16") is torch.float16
-    assert devices.resolve_dtype(None) is torch.float32
+    assert devices.resolve_dtype(None) is None and devices.resolve_dtype("auto") is None  # as stored
     assert devices.resolve_dtype(torch.float32) is torch.float32
     for bad in ("float64", "int8", torch.float64):
-        with pytest.raises(ValueError, match="expected one of float32, bfloat16, float16"):
+        with pytest.raises(ValueError, match="expected one of auto, float32, bfloat16, float16"):
             devices.resolve_dtype(bad)
+
+
+def test_auto_runs_what_the_checkpoint_stores():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert devices.run_dtype(None, torch.bfloat16, cpu) is torch.bfloat16
+    assert devices.run_dtype(None, torch.float16, cpu) is torch.float32  # float16 on the CPU: float32
+    assert devices.run_dtype(None, torch.float16, cuda) is torch.float16
+    assert devices.run_dtype(None, None, cpu) is torch.float32
+    assert devices.run_dtype(torch.float32, torch.bfloat16, cpu) is torch.float32  # asked for: as asked
 
 
 def test_the_cli_refuses_a_missing_device_before_loading(machine, capsys, tmp_path):
@@ -305,3 +314,20 @@ def test_on_an_accelerator_sampled_routes_and_generation_match_the_cpu(tmp_path,
     assert_close_to_scale(b.prompt_logits, a.prompt_logits, FORWARD_EPS, msg="prompt logits")
     choice = [n for n in a.trace.names() if n.endswith("router.choice")]
     assert choice and all(torch.equal(a.trace[n], b.trace[n]) for n in choice)  # Gumbel noise is drawn on the CPU
+
+
+def test_a_routescope_checkpoint_that_cannot_fit_is_refused_before_it_is_read(tmp_path):
+    """The parameter count comes from the config (closed form), so the check runs before the
+    weight file is compared with it or read."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from routescope.core_models import from_name
+    from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
+
+    cfg = from_name("llama-dense", d_model=65536, n_layers=64, n_heads=64, n_kv_heads=64)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    save_file({"embed.weight": torch.zeros(2, 2, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"needs about [\d.]+ GiB as bfloat16 .* is available on cpu"):
+        load_checkpoint(tmp_path)
