@@ -14,7 +14,10 @@ merges cannot reach into padding. With `max_new_tokens` > 0 each prompt is conti
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
+import tempfile
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -164,6 +167,49 @@ def file_sha256(path: str | Path, chunk: int = 2**20) -> str:
     return h.hexdigest()
 
 
+DIGEST_CACHE = "ROUTESCOPE_DIGEST_CACHE"  # the digest cache file (default: $XDG_CACHE_HOME/routescope/digests.json)
+_digests: dict[tuple, str] = {}  # this process's, by file stamp
+
+
+def _digest_cache_file() -> Path:
+    if os.environ.get(DIGEST_CACHE):
+        return Path(os.environ[DIGEST_CACHE])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "routescope" / "digests.json"
+
+
+def cached_sha256(path: Path) -> str:
+    """`file_sha256(path)`, computed once per file version: kept by (real path, size, mtime, inode)
+    in this process and in a small JSON cache file, so an export of a 14 GB checkpoint does not
+    re-read its weights to record their digest. A changed file has another stamp and is hashed
+    again; an unreadable or unwritable cache only costs the hashing."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key in _digests:
+        return _digests[key]
+    cache = _digest_cache_file()
+    text_key = json.dumps(key)
+    try:
+        known = json.loads(cache.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    digest = known.get(text_key)
+    if not (isinstance(digest, str) and len(digest) == 64):
+        digest = file_sha256(path)
+        known[text_key] = digest
+        try:  # whole or not at all: a temporary beside it, then replaced
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".digests.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(dict(list(known.items())[-256:]), f)  # the newest 256 file versions
+            os.replace(tmp, cache)
+        except OSError:
+            pass
+    _digests[key] = digest
+    return digest
+
+
 def weights_sha256(checkpoint: str | Path) -> str:
     """The sha256 of a checkpoint's weights: of its one weight file, or over a sharded model's files
     in name order (each file's name and digest)."""
@@ -171,10 +217,10 @@ def weights_sha256(checkpoint: str | Path) -> str:
 
     files = weight_files(checkpoint)
     if len(files) == 1:
-        return file_sha256(files[0])
+        return cached_sha256(Path(files[0]))
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.name}\0{file_sha256(f)}\n".encode())
+        h.update(f"{f.name}\0{cached_sha256(Path(f))}\n".encode())
     return h.hexdigest()
 
 

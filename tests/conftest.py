@@ -11,6 +11,13 @@ torch.set_num_threads(int(os.environ.get("ROUTESCOPE_TEST_THREADS", "1")))
 from tiny_models import TINY, tiny_model
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _digest_cache(tmp_path_factory):
+    """The export's weight-digest cache (analysis.batch_export.cached_sha256) in a temporary file, for
+    this process and every command it starts: the suite leaves nothing in the user's ~/.cache."""
+    os.environ["ROUTESCOPE_DIGEST_CACHE"] = str(tmp_path_factory.mktemp("digests") / "digests.json")
+
+
 def _interrupt(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
