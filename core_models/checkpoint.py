@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -310,6 +311,10 @@ def tokenizer_mismatch(tokenizer, vocab_size: int) -> str | None:
     return None
 
 
+TOKENIZER_SHARE = 0.9  # a tokenizer covering less of a transformers model's vocabulary gets a warning
+log = logging.getLogger(__name__)
+
+
 def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torch.dtype | None):
     """A transformers model directory, loaded by transformers from local safetensors files only."""
     from .hf import check_hf_directory, load_hf
@@ -323,6 +328,10 @@ def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torc
     if tok is not None and isinstance(vocab, int) and tok.get_vocab_size() > vocab:  # fewer is common (padding)
         raise CheckpointError(f"{path / TOKENIZER}: {tok.get_vocab_size()} tokens but vocab_size = {vocab} in "
                               f"{path / CONFIG}: ids {vocab}.. are past the embedding table")
+    if tok is not None and isinstance(vocab, int) and tok.get_vocab_size() < TOKENIZER_SHARE * vocab:
+        n = tok.get_vocab_size()  # padded tables are a few percent larger; this is another tokenizer
+        log.warning(f"{path / TOKENIZER}: {n} tokens for a model of {vocab} ids ({n / vocab:.0%}): ids {n}..{vocab - 1} "
+                    "decode to nothing; is this the model's own tokenizer?")
     try:
         model = load_hf(path, raw, device=device, dtype=dtype)
     except ValueError as e:

@@ -464,3 +464,26 @@ def test_a_model_that_cannot_fit_is_refused_before_any_weight_is_read(tmp_path):
         load_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match=r"as float32 .*or load it as bfloat16 \(--dtype bfloat16\)$"):
         load_checkpoint(tmp_path, dtype="float32")
+
+
+def test_a_tokenizer_far_smaller_than_the_vocabulary_gets_one_warning_line(saved, tmp_path, caplog):
+    """Ids past a tokenizer decode to nothing: a transformers directory whose tokenizer covers less
+    than 90% of its vocabulary loads, with one warning line naming both sizes."""
+    import transformers as T
+
+    from hf_models import hf_config
+
+    m, path = saved("mixtral")
+    n = json.loads((path / "tokenizer.json").read_text())
+    vocab = len(n["model"]["vocab"]) + len(n.get("added_tokens", []))
+    big = tmp_path / "big"
+    cfg = hf_config("mixtral", 2 * vocab)
+    torch.manual_seed(0)
+    T.MixtralForCausalLM(cfg).save_pretrained(big)
+    (big / "tokenizer.json").write_text((path / "tokenizer.json").read_text())
+    with caplog.at_level("WARNING"):
+        load_checkpoint(path)
+        assert not caplog.records  # its own tokenizer: no word
+        load_checkpoint(big)
+    (rec,) = caplog.records
+    assert f"tokens for a model of {2 * vocab} ids (50%)" in rec.getMessage() and "\n" not in rec.getMessage()
