@@ -254,8 +254,14 @@ def papaformer_reader(model: RouteScopeLM) -> RouteReader:
 # --- top-k routers: MoEP and Hugging Face MoE (sites from each layer's roles) ----------------------
 
 def topk_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
+    """The picks per token, each option's utilisation, the layers' load balance and which options
+    are picked together; with many options (`R.MANY_OPTIONS`) also every option's probability per
+    token (the token x expert matrix that replaces colours)."""
+    util = R.topk_utilisation(trace, model)
     return views_of(("topk_routes", R.topk_routes(trace, model), FAMILY),
-                    ("topk_utilisation", R.topk_utilisation(trace, model), FAMILY),
+                    ("topk_probs", R.topk_probs(trace, model) if R.many_options(model) else None, FAMILY),
+                    ("topk_utilisation", util, FAMILY),
+                    ("topk_balance", R.load_balance(util), "table"),
                     ("topk_coselection", R.topk_coselection(trace, model), FAMILY))
 
 

@@ -17,6 +17,7 @@ family without analyses of its own), `gumbel_routes` (PaPaformer Gumbel), `cosin
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from typing import Any, Sequence
 
@@ -197,6 +198,67 @@ def topk_coselection(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
         both = sel.T @ sel  # (n, n) tokens selecting both
         rows += [(layer, a, b, int(both[a, b])) for a, b in itertools.combinations(range(n), 2)]
     return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION_A, C.OPTION_B, C.COUNT])
+
+
+# Beyond this many options a layer's options are told apart by their place on an axis, not by colour
+# (24 colours repeat, and a 64- or 128-entry legend overlaps itself); the seed families' 2 to 4 paths
+# keep their categorical colours.
+MANY_OPTIONS = 12
+# a top-k layer's option is dead below DEAD_FRACTION of the uniform share k/n, overloaded above
+# OVERLOAD_FACTOR times it (as the corpus view flags them: analysis.corpus)
+DEAD_FRACTION, OVERLOAD_FACTOR = 0.01, 2.0
+
+
+def many_options(model: RouteScopeLM) -> bool:
+    """Whether some routing layer has more options than colours can tell apart."""
+    return any(m.n_options > MANY_OPTIONS for m in model.routing_modules.values())
+
+
+def topk_probs(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
+    """Per batch row, position, top-k layer and option: the router's probability (its returned weight
+    where it computes no probabilities, 0 for options it did not pick), whether the option is among
+    the picks and its rank (-1 where not picked). The token x option matrix of a many-expert layer."""
+    frames = []
+    for layer, roles in topk_layers(trace, model).items():
+        idx = trace[roles[INDICES]]  # (B, T, k)
+        w = trace[roles[WEIGHTS]].float()
+        n = trace[roles[LOGITS]].shape[-1]
+        B, T, k = idx.shape
+        if roles.get(PROBS) in trace:
+            p = trace[roles[PROBS]].float()  # (B, T, n)
+        else:
+            p = torch.zeros(B, T, n).scatter_(-1, idx, w)
+        rank_of = torch.full((B, T, n), -1, dtype=torch.long)
+        ranks = torch.argsort(torch.argsort(-w, dim=-1, stable=True), dim=-1)  # by weight, as topk_routes
+        rank_of.scatter_(-1, idx, ranks)
+        b, t, o = grid_indices(B, T, n)
+        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o, C.PROB: _np(p).ravel(),
+                                    C.SELECTED: _np(rank_of >= 0).ravel(), C.RANK: _np(rank_of).ravel()}))
+    return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.OPTION, C.PROB, C.SELECTED, C.RANK])
+
+
+BALANCE_COLUMNS = ["layer", "options", "tokens", "max_over_mean", "cv", "entropy", "dead", "overloaded"]
+
+
+def load_balance(util: pd.DataFrame, k: dict[str, int] | None = None) -> pd.DataFrame:
+    """Per layer of a utilisation frame (`topk_utilisation`: layer, option, count): how evenly its
+    options are used. max_over_mean: the busiest option's count over the mean count (1 = even);
+    cv: the counts' coefficient of variation (population std / mean); entropy: the entropy of the
+    count distribution over log(n) (1 = even, 0 = one option takes all); dead / overloaded: options
+    below DEAD_FRACTION / above OVERLOAD_FACTOR times the mean count (0 of a layer that routed nothing)."""
+    rows = []
+    for layer, g in util.groupby(C.LAYER, sort=False):
+        c = g[C.COUNT].to_numpy(dtype=float)
+        n, total = len(c), c.sum()
+        mean = total / n if n else 0.0
+        p = c / total if total else np.zeros_like(c)
+        nz = p[p > 0]
+        entropy = float(-(nz * np.log(nz)).sum() / math.log(n)) if n > 1 and total else float("nan")
+        rows.append((layer, n, int(g[C.N_TOKENS].iloc[0]) if C.N_TOKENS in g else int(total),
+                     float(c.max() / mean) if mean else float("nan"), float(c.std() / mean) if mean else float("nan"),
+                     entropy, int((c < DEAD_FRACTION * mean).sum()) if mean else 0,
+                     int((c > OVERLOAD_FACTOR * mean).sum()) if mean else 0))
+    return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
 
 
 # --- path outputs vs the combined output (PaPaformer, MoEP) ----------------------------------

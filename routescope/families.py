@@ -72,7 +72,8 @@ def _table6_tables(model: RouteScopeLM, path: str, mtime: float, ablation: Any) 
                                       "Table 6 summary": ("table6_summary", report["summary"])}
 
 
-TOPK_DRAWERS = {"topk_routes": D.topk_choice, "topk_utilisation": D.utilisation, "topk_coselection": D.coselection}
+TOPK_DRAWERS = {"topk_routes": D.topk_choice, "topk_probs": D.topk_matrix, "topk_utilisation": D.utilisation,
+                "topk_coselection": D.coselection}
 
 BUILTIN: tuple[FamilySpec, ...] = (
     FamilySpec("llama", llama.LlamaConfig, llama.Llama, llama.llama_param_count,

@@ -2,6 +2,7 @@
 the options as everywhere (`figures.PALETTE`: option 0 blue, option 1 orange, ...)."""
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -12,7 +13,11 @@ from plotly.subplots import make_subplots
 from routescope.analysis import columns as C
 from routescope.analysis import corpus as S
 
-from .figures import PALETTE, show_token
+from routescope.analysis.routing import MANY_OPTIONS
+
+from .figures import PALETTE, layer_menu_heatmaps, show_token, utilisation_heatmap
+
+TOP_TRANSITIONS = 20  # per pair of adjacent layers, with many options
 
 MAX_PANELS = 8  # label values or layer pairs drawn side by side; the table has every one
 
@@ -31,9 +36,19 @@ def _option_names(df: pd.DataFrame, option: str = C.OPTION, label: str = C.LABEL
     return {o: " / ".join(names) for o, names in sorted(out.items())}
 
 
+def many_options(df: pd.DataFrame, option: str = C.OPTION) -> bool:
+    return df[option].nunique() > MANY_OPTIONS if len(df) else False
+
+
 def utilisation_figure(u: pd.DataFrame) -> go.Figure:
     """Per layer, each option's share of top-k slots (first choices where k = 1) as grouped bars, the
-    uniform share as a dashed line, dead and overloaded options marked."""
+    uniform share as a dashed line, dead and overloaded options marked. With many options a layer x
+    option heatmap, busiest options first, the flags marked in their cells."""
+    if many_options(u):
+        return utilisation_heatmap(u, [], "Utilisation: each option's share of the routing slots per layer "
+                                   "(✕ dead: < 1% of uniform; ▲ overloaded: > 2x uniform)", S.SLOT_SHARE,
+                                   {"dead": u[S.DEAD].to_numpy(dtype=bool),
+                                    "overloaded": u[S.OVERLOADED].to_numpy(dtype=bool)})
     fig = go.Figure()
     layers = list(dict.fromkeys(u[C.LAYER]))
     for o, name in _option_names(u).items():
@@ -63,6 +78,16 @@ def label_shares_figure(sh: pd.DataFrame, column: str, reading: str = "token") -
     """For one label column: per value (a panel each, up to MAX_PANELS) the share of its routes
     taking each option at each layer, stacked."""
     d = sh[(sh[S.LABEL_COLUMN] == column) & (sh[S.READING] == reading)]
+    if many_options(d):  # a label x option heatmap per layer, the menu picking the layer
+        panels = {}
+        for layer, g in d.groupby(C.LAYER, sort=False):
+            z = g.pivot_table(index=S.LABEL_VALUE, columns=C.OPTION, values=C.SHARE, aggfunc="first", sort=False)
+            panels[str(layer)] = (z.to_numpy(dtype=float), [str(o) for o in z.columns], [str(v) for v in z.index])
+        return layer_menu_heatmaps(panels, f"Route shares by {column} "
+                                           f"({'every token' if reading == 'token' else 'last token of each row'}): "
+                                           "label x option, the menu picks the layer",
+                                   f"{{layer}}<br>{html.escape(str(column))} = %{{y}} · option %{{x}}: %{{z:.1%}}",
+                                   "option", str(column))
     values = list(dict.fromkeys(d[S.LABEL_VALUE]))[:MAX_PANELS]
     fig = make_subplots(rows=1, cols=max(1, len(values)), subplot_titles=[str(v) for v in values], shared_yaxes=True)
     for o, name in _option_names(d).items():
@@ -99,9 +124,19 @@ CO_PANEL_PX, CO_GAP_PX, CO_TOP_PX = 190, 96, 100  # a panel; below it its ticks,
 PAGE_PX = 1000  # the width a corpus chart is laid out for (the app's main column, corpus.html's body)
 
 
+def top_transitions(co: pd.DataFrame, n: int = TOP_TRANSITIONS) -> pd.DataFrame:
+    """The n most frequent option transitions (by tokens) of each pair of layers."""
+    d = co[co[C.COUNT] > 0].sort_values([S.LAYER_A, S.LAYER_B, C.COUNT], ascending=[True, True, False], kind="stable")
+    return d.groupby([S.LAYER_A, S.LAYER_B], sort=False).head(n).reset_index(drop=True)
+
+
 def co_routing_figure(co: pd.DataFrame) -> go.Figure:
     """P(option b at layer j | option a at layer i) as one heatmap per layer pair (up to MAX_PANELS),
-    each titled with its pair on two lines, as many panels a row as their titles leave room for."""
+    each titled with its pair on two lines, as many panels a row as their titles leave room for. With
+    many options (a 128 x 128 panel a pair) the top transitions of each pair as bars, a menu picking
+    the pair."""
+    if many_options(co, C.OPTION_A):
+        return _top_transitions_figure(top_transitions(co))
     pairs = list(dict.fromkeys(zip(co[S.LAYER_A], co[S.LAYER_B])))[:MAX_PANELS]
     longest = max((len(str(x)) + 2 for p in pairs for x in p), default=10)
     cols = max(1, min(4, len(pairs), PAGE_PX // (8 * longest + 60)))  # about 8 px a character at 13 px
@@ -126,6 +161,27 @@ def co_routing_figure(co: pd.DataFrame) -> go.Figure:
                       title=dict(text="Co-routing: P(option at the later layer | option at the earlier layer)"
                                       + (f"; {more} more pairs in the table" if more > 0 else ""), y=1,
                                  yref="container", yanchor="top", pad=dict(t=10)))
+    return fig
+
+
+def _top_transitions_figure(top: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    pairs = list(dict.fromkeys(zip(top[S.LAYER_A], top[S.LAYER_B])))
+    for j, (la, lb) in enumerate(pairs):
+        d = top[(top[S.LAYER_A] == la) & (top[S.LAYER_B] == lb)]
+        fig.add_bar(x=d[C.COUNT], y=[f"{a} → {b}" for a, b in zip(d[C.OPTION_A], d[C.OPTION_B])], orientation="h",
+                    visible=j == 0, marker_color="#4C78A8", customdata=d[S.P_B_GIVEN_A], name=f"{la} → {lb}",
+                    hovertemplate=f"{html.escape(str(la))} → {html.escape(str(lb))}<br>option %{{y}}: %{{x:,}} tokens, "
+                                  "P(later | earlier) %{customdata:.1%}<extra></extra>")
+    buttons = [dict(label=f"{la} → {lb}", method="update", args=[{"visible": [i == j for i in range(len(pairs))]}])
+               for j, (la, lb) in enumerate(pairs)]
+    fig.update_layout(updatemenus=[dict(buttons=buttons, direction="down", x=1, xanchor="right", y=1, yanchor="bottom",
+                                        pad=dict(b=28), bgcolor="white")],
+                      title=dict(text=f"Co-routing: the {TOP_TRANSITIONS} most frequent option transitions of each "
+                                      "pair of layers (tokens; the menu picks the pair)", y=1, yref="container",
+                                 yanchor="top", pad=dict(t=10)),
+                      height=120 + 22 * TOP_TRANSITIONS, margin=dict(l=90, r=10, t=100, b=40), plot_bgcolor="white",
+                      xaxis_title="tokens", yaxis=dict(autorange="reversed", type="category"))
     return fig
 
 

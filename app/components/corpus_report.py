@@ -11,7 +11,29 @@ from routescope.analysis.corpus_page import render_page
 from routescope.analysis.corpus_run import CorpusResult, corpus_views, provenance
 from routescope.analysis.families import RunViews
 
+from .corpus_figures import many_options, top_transitions
 from .drawers import DrawContext, draw
+
+EMBED_ROWS = 20_000  # rows of one table the page embeds as JSON; the CSV / Parquet files hold every row
+
+
+def embedded(tables: Mapping[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The tables a page embeds, and a note for each it shortens: with many options the co-routing
+    table is its top transitions (128 x 128 options a pair of layers would be tens of MB of JSON);
+    any table is cut to EMBED_ROWS rows."""
+    out, notes = {}, []
+    for name, df in tables.items():
+        if name.removeprefix("compare_") == "co_routing" and many_options(df, "option_a") and not name.startswith("compare_"):
+            short = top_transitions(df)
+            notes.append(f"The page embeds the co-routing table's {len(short):,} most frequent transitions of "
+                         f"{len(df):,} rows; co_routing.csv / .parquet have every one.")
+            df = short
+        elif len(df) > EMBED_ROWS:
+            notes.append(f"The page embeds the first {EMBED_ROWS:,} of the {name} table's {len(df):,} rows; its "
+                         "CSV / Parquet file has every one.")
+            df = df.head(EMBED_ROWS)
+        out[name] = df
+    return out, notes
 
 
 def draw_views(views: RunViews, labels: Mapping[str, list[str]]) -> dict[str, dict[str, Any]]:
@@ -41,9 +63,10 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
     meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
     if all_tables is None:
         all_tables = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}
+    all_tables, shortened = embedded(all_tables)
     return render_page(title=title or f"RouteScope corpus routing: {result.model} on {result.dataset}", intro=intro,
-                       pieces=draw_views(views, labels), tables=all_tables, notes=list(result.notes), extra=extra,
-                       meta=meta)
+                       pieces=draw_views(views, labels), tables=all_tables, notes=[*result.notes, *shortened],
+                       extra=extra, meta=meta)
 
 
 

@@ -19,10 +19,12 @@ import plotly.graph_objects as go
 from routescope.analysis import columns as C
 from routescope.analysis.corpus_columns import shown_compare, shown_table
 from routescope.analysis.families import View
-from routescope.analysis.routing import option_names
+from routescope.analysis.routing import DEAD_FRACTION, MANY_OPTIONS, OVERLOAD_FACTOR, option_names
 
 from . import corpus_figures as CF
 from . import figures as F
+
+COSELECTED_TOP = 20  # pairs shown per layer when a layer has many options
 
 Piece = Union[F.ChoiceGrid, go.Figure, pd.DataFrame]
 
@@ -57,14 +59,29 @@ def cosine_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     return {name: F.cosine_grid(view.frame, ctx.tokens, dict(ctx.labels))} if len(view.frame) else {}
 
 
+def _many(ctx: DrawContext) -> bool:
+    return any(len(names) > MANY_OPTIONS for names in ctx.labels.values())
+
+
 def topk_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: F.topk_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+    """The first choice per token in its option's colour; with many options none (colours cannot tell
+    them apart: `topk_matrix` draws the view of every option's probability instead)."""
+    return {} if _many(ctx) else {name: F.topk_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+
+
+def topk_matrix(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: F.expert_matrix_figure(view.frame, ctx.tokens, ctx.n_prompt, ctx.labels)}
 
 
 def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     """Bars per layer (model depth order, left to right), one per option in the heatmap's colour and
     with the heatmap's legend names ("expert 0 / block 0")."""
     u = view.frame
+    if _many(ctx):  # thousands of bars would carry no meaning: a layer x option heatmap, flags marked
+        mean = u.groupby(C.LAYER)[C.COUNT].transform("mean")
+        flags = {"dead": u[C.COUNT] < DEAD_FRACTION * mean, "overloaded": u[C.COUNT] > OVERLOAD_FACTOR * mean}
+        return {name: F.utilisation_heatmap(u, ctx.labels, "Utilisation in this run: share of tokens selecting each "
+                                            "option (✕ dead: unused, ▲ overloaded: > 2x the mean)", C.SHARE, flags)}
     layers = [l for l in ctx.labels if u[C.LAYER].eq(l).any()]  # depth order: the model's routing layers
     layers += [l for l in dict.fromkeys(u[C.LAYER]) if l not in layers]
     names = option_names(dict(ctx.labels), [l for l in layers if l in ctx.labels])
@@ -78,8 +95,12 @@ def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
 
 
 def coselection(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    """Pairs of options a token selected together, with their labels."""
+    """Pairs of options a token selected together, with their labels (with many options, the
+    COSELECTED_TOP most frequent pairs of each layer: 8,128 pairs a layer at 128 experts)."""
     c = view.frame
+    if _many(ctx):
+        c = c[c[C.COUNT] > 0].sort_values([C.LAYER, C.COUNT], ascending=[True, False], kind="stable")
+        c = c.groupby(C.LAYER, sort=False).head(COSELECTED_TOP)
     return {name: c.assign(label_a=[ctx.labels[l][a] for l, a in zip(c[C.LAYER], c[C.OPTION_A])],
                            label_b=[ctx.labels[l][b] for l, b in zip(c[C.LAYER], c[C.OPTION_B])])}
 

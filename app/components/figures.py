@@ -526,3 +526,101 @@ def atm_figure(merges: pd.DataFrame, tokens: list[str], tau: float, n_prompt: in
                           line=dict(color="black", width=2))
     _total_height(fig, max(_height(len(layers)), 60 * len(layers) + 20))
     return fig
+
+
+# --- many options: place on an axis, not colour (analysis.routing.MANY_OPTIONS) ------------------
+
+def _layer_menu(fig: go.Figure, layers: list[str], traces_per_layer: int) -> None:
+    """A dropdown that shows one layer's traces at a time (the first layer's at first): one figure
+    however many layers, in the app and in its offline page alike."""
+    n = len(layers) * traces_per_layer
+    buttons = [dict(label=layer, method="update",
+                    args=[{"visible": [i // traces_per_layer == j for i in range(n)]}])
+               for j, layer in enumerate(layers)]
+    fig.update_layout(updatemenus=[dict(buttons=buttons, direction="down", x=1, xanchor="right", y=1, yanchor="bottom",
+                                        showactive=True, active=0, pad=dict(t=0, b=28), bgcolor="white",
+                                        font=dict(size=12, color=HIGHLIGHT))])
+
+
+def expert_matrix_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | None,
+                         depth: Iterable[str] = ()) -> go.Figure:
+    """Per layer (a dropdown picks it), experts x tokens: colour = the router's probability, the
+    token's top-k picks marked with their rank. Hover names the layer, expert, token and value.
+    Values are rounded to 4 decimals, which keeps a 128-expert x 24-layer page small."""
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v, depth), len(tokens)
+    fig = go.Figure()
+    tallest = 1
+    for j, layer in enumerate(layers):
+        g = v[v[C.LAYER] == layer]
+        n = int(g[C.OPTION].max()) + 1
+        tallest = max(tallest, n)
+        z = np.full((n, T), np.nan)
+        z[g[C.OPTION].to_numpy(), g[C.POSITION].to_numpy()] = np.round(g[C.PROB].to_numpy(dtype=float), 4)
+        fig.add_heatmap(z=z, x=list(range(T)), y=list(range(n)), colorscale="Blues", zmin=0, zmax=1,
+                        visible=j == 0, colorbar=dict(title="router p"), name=layer,
+                        hovertemplate=f"{html.escape(layer)}<br>expert %{{y}} · pos %{{x}}<br>p %{{z:.4f}}<extra></extra>")
+        s = g[g[C.SELECTED]]
+        fig.add_scatter(x=s[C.POSITION], y=s[C.OPTION], mode="markers", visible=j == 0, showlegend=False,
+                        marker=dict(symbol="circle-open", size=7, color=HIGHLIGHT, line=dict(width=1.5)),
+                        customdata=s[C.RANK] + 1, name=layer,
+                        hovertemplate=f"{html.escape(layer)}<br>expert %{{y}} · pos %{{x}}: pick #%{{customdata}}<extra></extra>")
+    _axis(fig, tokens, n_prompt)
+    plot_px = max(240, min(720, 5 * tallest))
+    fig.update_layout(title=dict(text="Top-k routing: every expert's router probability per token (○ = picked; "
+                                      "the menu picks the layer)", y=1, yref="container", yanchor="top",
+                                 pad=dict(t=10)),
+                      plot_bgcolor="white", margin=dict(t=100))
+    fig.update_yaxes(title="expert", autorange="reversed", tickfont=dict(size=11))
+    _layer_menu(fig, layers, 2)
+    _fixed_margins(fig, ["expert 000"])
+    _total_height(fig, plot_px)
+    return fig
+
+
+def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str], title: str, value: str,
+                        flags: dict[str, np.ndarray]) -> go.Figure:
+    """Layers x options, colour = `value` (a share), options ordered by their load over all layers
+    (busiest left); each flag (name -> boolean per row of `u`: dead ✕, overloaded ▲) marks its cells.
+    Hover names layer, option and value."""
+    layers = _layers(u, depth)
+    load = u.groupby(C.OPTION)[value].sum().sort_values(ascending=False, kind="stable")
+    order = list(load.index)
+    col = {o: i for i, o in enumerate(order)}
+    li = {l: i for i, l in enumerate(layers)}
+    z = np.full((len(layers), len(order)), np.nan)
+    z[u[C.LAYER].map(li).to_numpy(), u[C.OPTION].map(col).to_numpy()] = u[value].to_numpy(dtype=float)
+    x = [str(o) for o in order]
+    fig = go.Figure(go.Heatmap(z=np.round(z, 5), x=x, y=layers, colorscale="Blues", zmin=0,
+                               colorbar=dict(title="share"),
+                               hovertemplate="%{y}<br>option %{x}: share %{z:.4f}<extra></extra>"))
+    for (flag, hit), symbol in zip(flags.items(), ("x-thin", "triangle-up")):
+        f = u[np.asarray(hit, dtype=bool)]
+        fig.add_scatter(x=f[C.OPTION].astype(str), y=f[C.LAYER], mode="markers", name=flag,
+                        marker=dict(symbol=symbol, size=7 if len(order) <= 64 else 5, color="#E45756",
+                                    line=dict(width=1.5, color="#E45756")),
+                        hovertemplate=f"%{{y}}<br>option %{{x}}: {flag}<extra></extra>")
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=x, title="option (busiest first)",
+                     tickfont=dict(size=9), showgrid=False)
+    fig.update_yaxes(autorange="reversed", fixedrange=True)
+    fig.update_layout(title=title, plot_bgcolor="white", height=max(260, 22 * len(layers) + 140),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                      margin=dict(l=10, r=10, t=60, b=40))
+    return fig
+
+
+def layer_menu_heatmaps(panels: dict[str, tuple[np.ndarray, list[str], list[str]]], title: str, hover: str,
+                        x_title: str, y_title: str) -> go.Figure:
+    """One heatmap per layer (name -> (z, x labels, y labels)), a dropdown picking the layer: many
+    options x many rows in one figure. `hover`: the hovertemplate ({layer} is filled in)."""
+    fig = go.Figure()
+    for j, (layer, (z, x, y)) in enumerate(panels.items()):
+        fig.add_heatmap(z=np.round(z, 4), x=x, y=y, colorscale="Blues", zmin=0, zmax=1, visible=j == 0, name=layer,
+                        hovertemplate=hover.replace("{layer}", html.escape(layer)) + "<extra></extra>")
+    _layer_menu(fig, list(panels), 1)
+    rows = max((len(p[2]) for p in panels.values()), default=1)
+    fig.update_xaxes(type="category", title=x_title, tickfont=dict(size=9), showgrid=False)
+    fig.update_yaxes(type="category", title=y_title, autorange="reversed")
+    fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10)),
+                      plot_bgcolor="white", height=max(300, min(720, 18 * rows + 180)), margin=dict(t=100))
+    return fig
