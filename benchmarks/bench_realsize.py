@@ -1,0 +1,242 @@
+"""Issue 27: a real-size MoE checkpoint in RouteScope against plain transformers.
+
+The model: OLMoE-1B-7B's shape (64 experts, top-8, 16 layers, hidden 2048, vocabulary 50,304;
+6.9B parameters, 13.8 GB in bfloat16) with random weights, written one safetensors shard per
+layer from tensors made for that shard alone (a `save_pretrained` of the whole model would copy
+the experts and pass 17 GiB), and a model of the same per-layer shape with 2 layers. Each side runs
+in a fresh process (`--child`), which samples its anonymous memory (RssAnon: mapped weights do not
+count) every 5 ms:
+
+- plain: `AutoModelForCausalLM.from_pretrained(dtype="auto")`, a forward of 64 tokens, a forward
+  over the corpus batches (4 x 64 tokens each);
+- routescope: `rs.load` (dtype auto), pick -> first routing heatmap (load, a traced 64-token
+  prompt pass with its views, the figures drawn), a drop toggle (the same prompt with one expert
+  dropped, views included), the corpus statistics over the same batches, and `routescope export`
+  of one 64-token prompt as its own process.
+
+Goals (issue 27): load <= 1.1x plain; peak anonymous memory <= 1.1x plain; pick -> heatmap <=
+plain load + 2 s; drop toggle <= 1.2x one plain forward + 300 ms; corpus throughput >= 0.95x plain
+forward; export <= 1.2x (plain load + forward).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import common as C
+
+SHAPE = dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_attention_heads=16,
+             num_key_value_heads=16, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+             max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=0, pad_token_id=1)
+TOKENS, CORPUS_BATCHES, CORPUS_ROWS = 64, 8, 4
+
+
+class AnonPeak:
+    """The largest RssAnon of this process while the block runs (sampled every 5 ms)."""
+
+    def __enter__(self) -> "AnonPeak":
+        self.peak, self._stop = self.now(), threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    @staticmethod
+    def now() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self.now())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.now())
+
+
+def build(path: Path, layers: int) -> int:
+    """Write the checkpoint shard by shard: the embedding, each layer, then the head and final
+    norm; random normal weights (std 0.02), norms 1. Returns the bytes written."""
+    import transformers as T
+    from safetensors.torch import save_file
+
+    cfg = T.OlmoeConfig(**SHAPE, num_hidden_layers=layers, dtype="bfloat16")
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in T.OlmoeForCausalLM(cfg).state_dict().items()}
+    groups: dict[str, list[str]] = {}
+    for name in shapes:
+        part = name.split(".")
+        key = f"layer{int(part[2]):03d}" if part[:2] == ["model", "layers"] else ("embed" if "embed" in name else "head")
+        groups.setdefault(key, []).append(name)
+    path.mkdir(parents=True, exist_ok=True)
+    gen, weight_map, total = torch.Generator().manual_seed(0), {}, 0
+    names = sorted(groups)
+    for i, key in enumerate(names):
+        shard = f"model-{i + 1:05d}-of-{len(names):05d}.safetensors"
+        tensors = {n: (torch.ones(shapes[n]) if "norm" in n else torch.randn(shapes[n], generator=gen) * 0.02
+                       ).to(torch.bfloat16) for n in groups[key]}
+        save_file(tensors, str(path / shard), metadata={"format": "pt"})
+        total += sum(t.numel() * 2 for t in tensors.values())
+        weight_map.update({n: shard for n in tensors})
+        del tensors
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                   "weight_map": weight_map}))
+    cfg.save_pretrained(path)
+    (path / "tokenizer.json").write_text(C.tokenizer_path().read_text())
+    return total
+
+
+def _batches(vocab: int) -> list[torch.Tensor]:
+    return [C.random_ids(TOKENS, vocab, seed=10 + b, batch=CORPUS_ROWS) for b in range(CORPUS_BATCHES)]
+
+
+def child(p: dict[str, Any]) -> dict[str, Any]:
+    path, side = p["path"], p["side"]
+    out: dict[str, Any] = {}
+    with AnonPeak() as mem:
+        t0 = time.perf_counter()
+        if side == "plain":
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
+            vocab = model.config.vocab_size
+        else:
+            import routescope as rs
+
+            model, tok = rs.load(path)
+            vocab = model.vocab_size
+        out["load_s"] = time.perf_counter() - t0
+        ids = C.random_ids(TOKENS, vocab, seed=1)
+        if side == "plain":
+            with torch.inference_mode():
+                model(ids)  # warm-up
+                times = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    model(ids)
+                    times.append(time.perf_counter() - t0)
+                out["forward_s"] = C.median(times)
+                t0 = time.perf_counter()
+                for b in _batches(vocab):
+                    model(b)
+                out["corpus_tok_s"] = CORPUS_BATCHES * CORPUS_ROWS * TOKENS / (time.perf_counter() - t0)
+        else:
+            from routescope.analysis.session import RunSettings, run_prompt
+            from routescope.app.components.drawers import draw_run
+            from routescope.core_models.runtime import Ablation
+
+            prompt = tok.decode(ids[0].tolist())
+            settings = RunSettings(max_new_tokens=0)
+            t0 = time.perf_counter()
+            run = run_prompt(model, tok, prompt, settings=settings)
+            figs, _ = draw_run(run, model)
+            out["first_heatmap_s"] = out["load_s"] + time.perf_counter() - t0
+            out["figures"] = sorted(figs)
+            layer = next(iter(model.routing_layers()))
+            times = []
+            for o in range(3):
+                t0 = time.perf_counter()
+                run_prompt(model, tok, prompt, settings=settings, ablation=Ablation(drop=((layer, o),)))
+                times.append(time.perf_counter() - t0)
+            out["toggle_s"] = C.median(times)
+            out["corpus_tok_s"] = _corpus_throughput(model, vocab)
+    out["peak_anon_gib"] = mem.peak / 2**30
+    return out
+
+
+def _corpus_throughput(model: Any, vocab: int) -> float:
+    """Tokens a second of RouteScope's corpus statistics over the plain side's batches: routes traced
+    and read, per-token statistics accumulated, as `analysis.corpus_run.run_corpus` does a batch."""
+    import dataclasses
+
+    from routescope.analysis import corpus as S
+    from routescope.analysis.corpus_run import layout_of
+    from routescope.analysis.families import route_reader
+    from routescope.core_models import tracing
+
+    reader, layout, stats = route_reader(model), layout_of(model, []), None
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for x in _batches(vocab):
+            with tracing(reader.sites) as tr:
+                out = model(x)
+            routes, topk = reader.routes(tr), reader.topk(tr)
+            if stats is None:
+                stats = S.RouteStats(dataclasses.replace(layout, k=topk.shape[-1]), int(out.logits.shape[-1]))
+            stats.add(routes, [x.shape[1]] * len(x), input_ids=x.numpy(), predicted=out.logits.argmax(-1).numpy(),
+                      topk=topk, labels=[])
+    return CORPUS_BATCHES * CORPUS_ROWS * TOKENS / (time.perf_counter() - t0)
+
+
+def export_seconds(path: Path, out: Path) -> float:
+    prompt = " ".join(["the"] * TOKENS)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "routescope.cli.main", "export", str(path), "--prompt", prompt, "--out",
+                    str(out), "--quiet"], check=True, capture_output=True, timeout=3600)
+    return time.perf_counter() - t0
+
+
+def run(args) -> C.Report:
+    rep = C.Report("bench_realsize", "Real-size MoE: RouteScope against plain transformers (bfloat16, CPU)")
+    t = C.Table("Each side in a fresh process (times in s; memory: peak RssAnon in GiB)",
+                ["model", "params", "side", "load", "forward 64", "first heatmap", "drop toggle", "corpus tok/s",
+                 "export", "peak anon"])
+    root = Path(args.root)
+    for layers in ((2,) if args.quick else (2, 16)):
+        path = root / f"olmoe-shape-{layers}l"
+        if not (path / "config.json").is_file():
+            build(path, layers)
+        plain = C.run_child("benchmarks.bench_realsize", {"path": str(path), "side": "plain"}, args.threads, 7200)
+        ours = C.run_child("benchmarks.bench_realsize", {"path": str(path), "side": "routescope"}, args.threads, 7200)
+        export = export_seconds(path, root / f"export-{layers}l.csv")
+        n = sum(json.loads((path / "model.safetensors.index.json").read_text())["metadata"].values()) / 2
+        name = f"OLMoE shape, {layers} layers"
+        t.rows.append([name, f"{n / 1e9:.2f}B", "plain", f"{plain['load_s']:.1f}", f"{plain['forward_s']:.2f}", "-", "-",
+                       f"{plain['corpus_tok_s']:.0f}", "-", f"{plain['peak_anon_gib']:.2f}"])
+        t.rows.append([name, f"{n / 1e9:.2f}B", "routescope", f"{ours['load_s']:.1f}", "-",
+                       f"{ours['first_heatmap_s']:.1f}", f"{ours['toggle_s']:.2f}", f"{ours['corpus_tok_s']:.0f}",
+                       f"{export:.1f}", f"{ours['peak_anon_gib']:.2f}"])
+        tag = f"27.{layers}l"
+        rep.goals += [
+            C.Goal(f"{tag}.load", f"{name}: load / plain load", "<=", 1.1, ours["load_s"] / plain["load_s"]),
+            C.Goal(f"{tag}.memory", f"{name}: peak anonymous memory / plain", "<=", 1.1,
+                   ours["peak_anon_gib"] / plain["peak_anon_gib"]),
+            C.Goal(f"{tag}.heatmap", f"{name}: pick -> first heatmap minus plain load", "<=", 2.0,
+                   ours["first_heatmap_s"] - plain["load_s"], "s"),
+            C.Goal(f"{tag}.toggle", f"{name}: drop toggle / (1.2 x plain forward + 0.3 s)", "<=", 1.0,
+                   ours["toggle_s"] / (1.2 * plain["forward_s"] + 0.3)),
+            C.Goal(f"{tag}.corpus", f"{name}: corpus throughput / plain forward's", ">=", 0.95,
+                   ours["corpus_tok_s"] / plain["corpus_tok_s"]),
+            C.Goal(f"{tag}.export", f"{name}: export / (plain load + forward)", "<=", 1.2,
+                   export / (plain["load_s"] + plain["forward_s"])),
+        ]
+    rep.tables.append(t)
+    rep.notes.append(f"checkpoints under {root} (kept for reruns); shards written one per layer")
+    return rep
+
+
+if __name__ == "__main__":
+    import argparse
+
+    if "--root" in sys.argv:  # the parent's own option, not the children's
+        i = sys.argv.index("--root")
+        ROOT = sys.argv[i + 1]
+        del sys.argv[i:i + 2]
+    else:
+        ROOT = "/tmp/routescope-realsize"
+
+    def _run(args: argparse.Namespace) -> C.Report:
+        args.root = ROOT
+        return run(args)
+
+    C.main(_run, __doc__, child=child)
