@@ -568,6 +568,17 @@ def _site(name: str, shape: str) -> Site:
 
 # --- loading ---------------------------------------------------------------------------------------
 
+def _load_report_problem(info: dict) -> str | None:
+    """transformers' load report (missing, unexpected, mismatched tensors, errors) as one line, or None."""
+    parts = []
+    for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"), ("mismatched_keys", "mismatched"),
+                      ("error_msgs", "error"), ("conversion_errors", "conversion error")):
+        found = sorted(str(k[0] if isinstance(k, tuple) else k) for k in (info.get(key) or ()))
+        if found:
+            parts.append(f"{len(found)} {what} ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''})")
+    return "; ".join(parts) or None
+
+
 def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: torch.dtype) -> HFModel:
     """The transformers model in directory `path` (config dict `d`), from local files only, safetensors
     only (`check_hf_directory` ran first), wrapped and instrumented."""
@@ -582,6 +593,9 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if d.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:  # before transformers lists its ~900 names
+        if "auto_map" in d:
+            raise ValueError(f"{path}: model_type {d.get('model_type')!r} needs the directory's own code (auto_map in "
+                             "config.json); RouteScope never runs a model directory's code")
         raise ValueError(f"{path}: model_type {d.get('model_type')!r} is not a causal language model this "
                          f"transformers ({_transformers_version()}) knows")
     config = HFConfig.from_hf_dict(d)
@@ -593,10 +607,11 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
             hf = AutoModelForCausalLM.from_config(config.transformers_config(), trust_remote_code=False)
         moe_layout(hf)
         if device.type != "meta":
-            hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
-                                                      trust_remote_code=False,  # never run the directory's code
-                                                      dtype=dtype, device_map=None)
-            hf = hf.to(device)
+            hf, info = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
+                                                            trust_remote_code=False,  # never run the directory's code
+                                                            dtype=dtype, device_map=None, output_loading_info=True)
+            problem = _load_report_problem(info)  # transformers fills a missing tensor with random values
+            hf = hf.to(device) if problem is None else None
     except UnsupportedMoE as e:
         raise ValueError(f"{path}: model_type {config.model_type!r} is a mixture of experts RouteScope cannot "
                          f"follow: {e}") from None
@@ -608,6 +623,8 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+    if hf is None:
+        raise ValueError(f"{path}: the weights do not match the model: {problem}")
     return HFModel(config, hf).eval()
 
 
