@@ -609,7 +609,8 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         if device.type != "meta":
             hf, info = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
                                                             trust_remote_code=False,  # never run the directory's code
-                                                            dtype=dtype, device_map=None, output_loading_info=True)
+                                                            dtype=dtype, device_map=None, output_loading_info=True,
+                                                            ignore_mismatched_sizes=True)  # refused below, by name
             problem = _load_report_problem(info)  # transformers fills a missing tensor with random values
             hf = hf.to(device) if problem is None else None
     except UnsupportedMoE as e:

@@ -278,8 +278,8 @@ def test_peak_memory_of_a_64_mib_file_of_1_mib_rows(tmp_path, suffix):
     _write_big(f, 60)
     code, out, err, seconds, peak = run_measured(["corpus", CK, "--data", f, "--max-tokens", "8", "--out", "o",
                                                   "--quiet"], tmp_path)
-    print(f"\n{suffix}: {f.stat().st_size / 2**20:.0f} MiB file, {60 * len(ROW) / 2**20:.0f} MiB of text in 1 MiB rows, --max-tokens 8: exit {code}, "
-          f"peak RSS {peak / 2**20:.0f} MiB, {seconds:.1f} s")
+    print(f"\n{suffix}: {f.stat().st_size / 2**20:.0f} MiB file, {60 * len(ROW) / 2**20:.0f} MiB of text in 1 MiB "
+          f"rows, --max-tokens 8: exit {code}, peak RSS {peak / 2**20:.0f} MiB, {seconds:.1f} s")
     assert code == 0, err
     assert peak < GiB
     assert json.loads((tmp_path / "o" / "corpus.json").read_text())["a"]["tokens"] == 60 * 8
