@@ -308,8 +308,6 @@ def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torc
         check_hf_directory(path, raw)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    for weights in sorted(path.glob("*.safetensors")):  # a truncated or oversized file named before transformers opens it
-        read_header(weights)
     tok = load_tokenizer_file(path / TOKENIZER) if (path / TOKENIZER).is_file() else None
     vocab = raw.get("vocab_size")
     if tok is not None and isinstance(vocab, int) and tok.get_vocab_size() > vocab:  # fewer is common (padding)

@@ -598,6 +598,10 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
                              "config.json); RouteScope never runs a model directory's code")
         raise ValueError(f"{path}: model_type {d.get('model_type')!r} is not a causal language model this "
                          f"transformers ({_transformers_version()}) knows")
+    from .checkpoint import read_header
+
+    for weights in sorted(Path(path).glob("*.safetensors")):  # a truncated or oversized file, named in one line
+        read_header(weights)
     config = HFConfig.from_hf_dict(d)
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # its load report and progress bar go to stderr; RouteScope reports its own
