@@ -438,11 +438,28 @@ def _digest(source: Any, parts: Sequence[str]) -> str:
     return h.hexdigest()
 
 
+def _one_line(rows: Iterator[Any]) -> Iterator[Any]:
+    """`rows`, with any ValueError's message made one line (`shown`: file and column names may hold
+    line breaks and control characters)."""
+    try:
+        yield from rows
+    except ValueError as e:
+        raise ValueError(shown(str(e))) from None
+
+
 def load_corpus(source: str | os.PathLike | bytes, name: str | None = None, *, limits: Limits = Limits(),
                 text_column: str | None = None, label_columns: Sequence[str] | None = None) -> CorpusData:
     """Check a dataset file (a path, or uploaded bytes with their file `name`) and return it as a
     `CorpusData` (module doc: formats, label columns, errors). Reads the input twice before
     returning (the check and the digest); iterating the result reads it again."""
+    try:
+        return _load_corpus(source, name, limits, text_column, label_columns)
+    except ValueError as e:
+        raise ValueError(shown(str(e))) from None
+
+
+def _load_corpus(source: Any, name: str | None, limits: Limits, text_column: str | None,
+                 label_columns: Sequence[str] | None) -> CorpusData:
     name = name if name is not None else str(source)
     if isinstance(source, bytes) and name == str(source):
         raise ValueError("uploaded bytes need the file name they came with")
@@ -482,15 +499,15 @@ def load_corpus(source: str | os.PathLike | bytes, name: str | None = None, *, l
         labels = list(candidates)
     else:
         labels = [c for c in candidates if len(values[c]) <= MAX_LABEL_VALUES and c not in long]
-        notes += [f"column {c} has more than {MAX_LABEL_VALUES} distinct values: not used as a label"
+        notes += [f"column {shown(c)} has more than {MAX_LABEL_VALUES} distinct values: not used as a label"
                   for c in candidates if c not in labels and c not in long]
-        notes += [f"column {c} has values longer than {MAX_LABEL_CHARS} characters: not used as a label"
+        notes += [f"column {shown(c)} has values longer than {MAX_LABEL_CHARS} characters: not used as a label"
                   for c in candidates if c in long]
     digest = _digest(source, ["file", Path(name).suffix.lower(), text_column or "", *labels])
 
     def opener() -> Iterator[CorpusRow]:
         _, again = _rows(source, name, text_column, labels if candidates else None)
-        for _, rid, text, rec in again:
+        for _, rid, text, rec in _one_line(again):
             yield CorpusRow(rid, text, tuple(_cell(rec.get(c)) or MISSING for c in labels))
 
     return CorpusData(name=Path(name).name if not isinstance(source, bytes) else name, digest=digest,
