@@ -23,9 +23,11 @@ Memory is bounded in every format: one row (a line of .txt/.tsv/.jsonl, a record
 read from a Parquet row) is at most `prompts.MAX_LINE_BYTES` (1 MiB); a Parquet file is read in
 batches of `PARQUET_BATCH` rows, only the columns used, after its metadata shows no column chunk
 over `MAX_PARQUET_CHUNK` uncompressed and none that must hold a cell over 1 MiB; a label value is at
-most `MAX_LABEL_CHARS` characters (a longer one makes its column no label). `load_corpus` reads the whole input once to check it (and to digest
-it) before any model runs, so a bad file changes nothing; the rows are then read again as they are
-run, so a large file is never held in memory (uploaded bytes are, within the app's limits).
+most `MAX_LABEL_CHARS` characters (a longer one makes its column no label).
+
+`load_corpus` reads the whole input once to check it (and to digest it) before any model runs, so
+a bad file changes nothing; the rows are then read again as they are run, so a large file is never
+held in memory (uploaded bytes are, within the app's limits).
 """
 from __future__ import annotations
 
@@ -48,11 +50,11 @@ MAX_LABEL_COLUMNS = 256  # candidate label columns of one dataset (each costs a 
 MAX_LABEL_CHARS = 200  # a longer value is text, not a label (and label values are held while reading)
 MAX_PARQUET_CHUNK = MAX_PROMPT_FILE_BYTES  # uncompressed bytes of one column in one row group (decoded whole)
 PARQUET_BATCH = 64  # rows per decoded Parquet batch: at most 64 MiB of cells at 1 MiB a row
+MISSING = "(missing)"
 
 # the csv module's field limit (128 Ki characters by default) raised to the one-row limit every format
 # shares; a process-wide setting, only ever raised here, never lowered
 csv.field_size_limit(max(csv.field_size_limit(), MAX_LINE_BYTES))
-MISSING = "(missing)"
 
 # the app's limits (the command line has none: it streams); README "Corpus view" states them
 APP_MAX_ROWS = 20_000

@@ -102,6 +102,8 @@ def check_out_dir(path: str | os.PathLike) -> Path:
     checked before any work. It is replaced whole, so it may hold only an earlier output set's files
     (`is_set_file`), and it is never a symbolic link (none is followed)."""
     p = Path(path)
+    if p.name in ("", ".."):  # "." or "..": the set is swapped by name, so name the directory
+        p = Path(os.path.abspath(p))
     if p.is_symlink():
         raise ValueError(f"{p}: is a symbolic link{' to nothing' if not p.exists() else ''}; --out is replaced whole "
                          "and no link is followed: give the directory itself")
