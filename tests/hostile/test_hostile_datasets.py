@@ -295,3 +295,37 @@ def test_a_parquet_cell_too_large_is_refused_from_metadata(tmp_path, cell_mib):
     assert code == 2 and "holds a cell larger than 1 MiB" in err
     assert peak < GiB
     shutil.rmtree(tmp_path / "o", ignore_errors=True)
+
+
+def test_sigterm_while_the_set_is_written_leaves_the_earlier_set(earlier_set, tmp_path):
+    """A real process, stopped with SIGTERM the moment its hidden output directory appears (the
+    tables are being written): exit 143, the earlier set byte for byte, nothing hidden left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from procs import running
+
+    txt = tmp_path / "p.txt"
+    txt.write_text("".join(f"Once upon a time there was a girl number {i}.\n" for i in range(200)), encoding="utf-8")
+    shutil.copytree(earlier_set, tmp_path / "keep")  # to put the earlier set back if a run finishes first
+    before = snapshot(tmp_path)
+    cmd = [sys.executable, "-m", "routescope.cli", "corpus", str(CK), "--data", str(txt), "--out", str(earlier_set),
+           "--quiet", "--max-tokens", "16"]
+    for _ in range(3):  # the write takes a fraction of a second; a run that finished first is tried again
+        with running(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            while proc.poll() is None and not any(p.name.endswith(".part") for p in tmp_path.iterdir()):
+                time.sleep(0.001)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+            err = proc.stderr.read().decode()
+        if proc.returncode == 143:
+            break
+        assert proc.returncode == 0, err
+        shutil.rmtree(earlier_set)
+        shutil.copytree(tmp_path / "keep", earlier_set)
+    else:
+        pytest.skip("the run finished before SIGTERM three times")
+    assert err == "routescope corpus: stopped (SIGTERM)\n", err
+    assert snapshot(tmp_path) == before
