@@ -13,11 +13,21 @@ is a label column when it has at most `MAX_LABEL_VALUES` distinct values (or the
 `label_columns`). A missing label value (empty cell, null) is `MISSING`.
 
 Errors are ValueErrors of one line naming the file and the row or line: an unknown suffix, bytes
-that are not UTF-8, no text column, a record with the wrong number of fields, an empty text, a JSON
-line that is no object, a label column with too many values, more rows or characters than the
-limits allow, no rows at all. `load_corpus` reads the whole input once to check it (and to digest
-it) before any model runs, so a bad file changes nothing; the rows are then read again as they are
-run, so a large file is never held in memory (uploaded bytes are, within the app's limits).
+that are not UTF-8 (or a lone surrogate from a JSON escape), no text column, a duplicate column
+name, more than `MAX_LABEL_COLUMNS` candidate label columns, a record with the wrong number of
+fields or an unterminated quote, JSON that is no object, nests too deep or holds a number Python
+refuses, a corrupt Parquet file, an empty text, a label column with too many values, more rows or
+characters than the limits allow, no rows at all.
+
+Memory is bounded in every format: one row (a line of .txt/.tsv/.jsonl, a record of .csv, the cells
+read from a Parquet row) is at most `prompts.MAX_LINE_BYTES` (1 MiB); a Parquet file is read in
+batches of `PARQUET_BATCH` rows, only the columns used, after its metadata shows no column chunk
+over `MAX_PARQUET_CHUNK` uncompressed and none that must hold a cell over 1 MiB; a label value is at
+most `MAX_LABEL_CHARS` characters (a longer one makes its column no label).
+
+`load_corpus` reads the whole input once to check it (and to digest it) before any model runs, so
+a bad file changes nothing; the rows are then read again as they are run, so a large file is never
+held in memory (uploaded bytes are, within the app's limits).
 """
 from __future__ import annotations
 
@@ -28,15 +38,23 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import IO, Any, Callable, Iterator, Mapping, Sequence
 
-from .prompts import iter_lines, open_regular_file
+from .prompts import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES, iter_lines, open_regular_file
 
 SUFFIXES = (".txt", ".tsv", ".csv", ".jsonl", ".parquet", ".pq")
 TEXT_COLUMNS = ("text", "prompt")  # the text column, in order of preference
 ID_COLUMNS = ("prompt_id", "id")
 MAX_LABEL_VALUES = 50  # a column with more distinct values is not a label (free text, ids, numbers)
+MAX_LABEL_COLUMNS = 256  # candidate label columns of one dataset (each costs a count table per layer)
+MAX_LABEL_CHARS = 200  # a longer value is text, not a label (and label values are held while reading)
+MAX_PARQUET_CHUNK = MAX_PROMPT_FILE_BYTES  # uncompressed bytes of one column in one row group (decoded whole)
+PARQUET_BATCH = 64  # rows per decoded Parquet batch: at most 64 MiB of cells at 1 MiB a row
 MISSING = "(missing)"
+
+# the csv module's field limit (128 Ki characters by default) raised to the one-row limit every format
+# shares; a process-wide setting, only ever raised here, never lowered
+csv.field_size_limit(max(csv.field_size_limit(), MAX_LINE_BYTES))
 
 # the app's limits (the command line has none: it streams); README "Corpus view" states them
 APP_MAX_ROWS = 20_000
@@ -73,6 +91,7 @@ class CorpusData:
     n_chars: int
     opener: Callable[[], Iterator[CorpusRow]] = field(repr=False)
     notes: tuple[str, ...] = ()
+    label_values: Mapping[str, tuple[str, ...]] | None = field(default=None, repr=False)  # per label column (None: not read)
 
     def __iter__(self) -> Iterator[CorpusRow]:
         return self.opener()
@@ -106,19 +125,58 @@ def _text_lines(f: IO[bytes], name: str) -> Iterator[tuple[int, str]]:
     return iter_lines(f, name, "dataset")
 
 
-def _records(source: Any, name: str, suffix: str) -> tuple[list[str], Iterator[tuple[str, dict[str, Any]]]]:
-    """(columns, iterator of (where, record)) of a tabular file; `where` names the record in messages."""
+def shown(text: str) -> str:
+    """A name from the data as it may appear in a message: control characters, lone surrogates and
+    line separators as escapes (a message is one line, and never drives the terminal)."""
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
+
+
+def _check_text(value: str, name: str, where: str, what: str) -> str:
+    """`value`, or a ValueError for a lone surrogate (a JSON escape such as \\ud800): not text, and
+    nothing downstream (tokenizer, CSV, page) can encode it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name}: {where}: {what} holds a lone surrogate U+{ord(value[e.start]):04X} at character "
+                         f"{e.start}, which is not text") from None
+    return value
+
+
+def _check_header(columns: Sequence[Any], name: str) -> list[str]:
+    seen: set[str] = set()
+    for c in columns:
+        _check_text(c, name, "header", f"column name {shown(c)!r}")
+        if c in seen:
+            raise ValueError(f"{name}: header: column {shown(c)!r} appears twice; column names must be unique")
+        seen.add(c)
+    return list(columns)
+
+
+Records = Callable[[Sequence[str]], Iterator[tuple[str, dict[str, Any]]]]  # the columns used -> (where, record)
+
+
+def _records(source: Any, name: str, suffix: str) -> tuple[list[str], Records]:
+    """(columns, a reader of (where, record) given the columns used) of a tabular file; `where`
+    names the record in messages."""
     f = _binary(source, name)
-    if suffix in (".parquet", ".pq"):
-        return _parquet_records(f, name)
-    if suffix == ".jsonl":
-        return _jsonl_records(f, name)
+    try:
+        if suffix in (".parquet", ".pq"):
+            return _parquet_records(f, name)
+        if suffix == ".jsonl":
+            return _jsonl_records(f, name)
+        return _delimited_records(f, name, suffix)
+    except BaseException:
+        f.close()
+        raise
+
+
+def _delimited_records(f: IO[bytes], name: str, suffix: str) -> tuple[list[str], Records]:
     lines = _text_lines(f, name)
     if suffix == ".tsv":
         header = next((t.split("\t") for _, t in lines if t), None)  # the first non-empty line
         if header is None:
-            f.close()
             raise ValueError(f"{name}: empty file; expected a header naming a text column ({' or '.join(TEXT_COLUMNS)})")
+        _check_header(header, name)
 
         def tsv() -> Iterator[tuple[str, dict[str, Any]]]:
             with f:
@@ -131,29 +189,39 @@ def _records(source: Any, name: str, suffix: str) -> tuple[list[str], Iterator[t
                                          f"{len(header)}")
                     yield f"line {n}", dict(zip(header, fields))
 
-        return header, tsv()
-    # csv: the csv module reads quoted newlines; line numbers come from the reader
-    text = (t + "\n" for _, t in lines)
-    reader = csv.reader(text)
-    try:
-        header = next(reader)
-    except StopIteration:
-        f.close()
+        return header, lambda _: tsv()
+    # csv: the csv module reads quoted newlines (strict: an unterminated quote is an error, not one
+    # giant field); a record, however many lines it spans, is held to the one-row limit
+    size = [0]
+
+    def text() -> Iterator[str]:
+        for n, t in lines:
+            size[0] += (len(t) if t.isascii() else len(t.encode("utf-8"))) + 1
+            if size[0] > MAX_LINE_BYTES + 1:
+                raise ValueError(f"{name}: the record ending at line {n} is longer than {MAX_LINE_BYTES >> 20} MiB, "
+                                 "the limit for one row (an unterminated quote?)")
+            yield t + "\n"
+
+    reader = csv.reader(text(), strict=True)
+
+    def record() -> list[str] | None:
+        size[0] = 0
+        try:
+            return next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as e:
+            raise ValueError(f"{name}: line {reader.line_num}: {e} (CSV quoting)") from None
+
+    header = record()
+    if header is None:
         raise ValueError(f"{name}: empty file; expected a header naming a text column "
-                         f"({' or '.join(TEXT_COLUMNS)})") from None
-    except csv.Error as e:
-        f.close()
-        raise ValueError(f"{name}: line 1: {e}") from None
+                         f"({' or '.join(TEXT_COLUMNS)})")
+    _check_header(header, name)
 
     def rows() -> Iterator[tuple[str, dict[str, Any]]]:
         with f:
-            while True:
-                try:
-                    fields = next(reader)
-                except StopIteration:
-                    return
-                except csv.Error as e:
-                    raise ValueError(f"{name}: line {reader.line_num}: {e}") from None
+            while (fields := record()) is not None:
                 if not any(fields):
                     continue
                 if len(fields) != len(header):
@@ -161,10 +229,21 @@ def _records(source: Any, name: str, suffix: str) -> tuple[list[str], Iterator[t
                                      f"{len(header)}")
                 yield f"line {reader.line_num}", dict(zip(header, fields))
 
-    return header, rows()
+    return header, lambda _: rows()
 
 
-def _jsonl_records(f: IO[bytes], name: str):
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise _DuplicateKey(next(k for k in keys if keys.count(k) > 1))
+    return dict(pairs)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _jsonl_records(f: IO[bytes], name: str) -> tuple[list[str], Records]:
     lines = _text_lines(f, name)
     first = None
     for n, t in lines:
@@ -172,20 +251,26 @@ def _jsonl_records(f: IO[bytes], name: str):
             first = (n, t)
             break
     if first is None:
-        f.close()
         raise ValueError(f"{name}: empty file; expected one JSON object per line with a "
                          f"{' or '.join(repr(c) for c in TEXT_COLUMNS)} field")
 
     def parse(n: int, t: str) -> dict[str, Any]:
         try:
-            obj = json.loads(t)
+            obj = json.loads(t, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise ValueError(f"{name}: line {n} is not JSON ({e.msg}, column {e.colno})") from None
+        except RecursionError:
+            raise ValueError(f"{name}: line {n}: JSON nested too deeply to read") from None
+        except _DuplicateKey as e:
+            raise ValueError(f"{name}: line {n}: key {shown(str(e.args[0]))!r} appears twice in one object") from None
+        except ValueError as e:  # e.g. an integer of more digits than Python converts
+            raise ValueError(f"{name}: line {n}: a JSON value Python refuses ({str(e).split(':')[0]})") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{name}: line {n} is a JSON {type(obj).__name__}, not an object")
         return obj
 
     head = parse(*first)
+    _check_header(list(head), name)
 
     def rows() -> Iterator[tuple[str, dict[str, Any]]]:
         with f:
@@ -194,28 +279,84 @@ def _jsonl_records(f: IO[bytes], name: str):
                 if t.strip():
                     yield f"line {n}", parse(n, t)
 
-    return list(head), rows()  # columns: the first object's keys (later objects may add labels: not seen)
+    return list(head), lambda _: rows()  # columns: the first object's keys (later objects may add labels: not seen)
 
 
-def _parquet_records(f: IO[bytes], name: str):
+def _arrow_message(e: BaseException) -> str:
+    return shown((str(e).strip().splitlines() or [type(e).__name__])[0][:200])
+
+
+def _parquet_records(f: IO[bytes], name: str) -> tuple[list[str], Records]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(f)
+        columns = pf.schema_arrow.names
+        md = pf.metadata
     except Exception as e:  # pyarrow's errors name no file; ours does
-        f.close()
-        raise ValueError(f"{name}: not a readable Parquet file ({str(e).splitlines()[0][:200]})") from None
-    columns = pf.schema_arrow.names
+        raise ValueError(f"{name}: not a readable Parquet file ({_arrow_message(e)})") from None
+    _check_header(columns, name)
 
-    def rows() -> Iterator[tuple[str, dict[str, Any]]]:
+    def check_sizes(used: Sequence[str]) -> None:
+        """From the metadata alone, before any page is decoded: a column chunk larger than
+        MAX_PARQUET_CHUNK, or one larger than its rows could be at 1 MiB each (so a cell is)."""
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            size: dict[str, int] = {}
+            for i in range(rg.num_columns):
+                col = rg.column(i)
+                top = col.path_in_schema.split(".")[0]
+                if top in used:
+                    size[top] = size.get(top, 0) + max(col.total_uncompressed_size, col.total_compressed_size)
+            for c, n in size.items():
+                where = f"{name}: row group {g + 1} (rows {_first_row(md, g):,}..)"
+                if n > MAX_LINE_BYTES * rg.num_rows + 64 * rg.num_rows + (1 << 20):
+                    raise ValueError(f"{where}: column {shown(c)!r} holds a cell larger than {MAX_LINE_BYTES >> 20} "
+                                     f"MiB ({n:,} bytes in {rg.num_rows:,} rows), the limit for one row")
+                if n > MAX_PARQUET_CHUNK:
+                    raise ValueError(f"{where}: column {shown(c)!r} is {n:,} bytes uncompressed; at most "
+                                     f"{MAX_PARQUET_CHUNK >> 20} MiB per column in one row group (write the file "
+                                     "with smaller row groups)")
+
+    def rows(used: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+        used = [c for c in columns if c in set(used)]
+        check_sizes(used)
         n = 0
         with f:
-            for batch in pf.iter_batches(batch_size=4096):
-                for rec in batch.to_pylist():
+            batches = pf.iter_batches(batch_size=PARQUET_BATCH, columns=used)
+            while True:
+                try:
+                    batch = next(batches, None)
+                except Exception as e:
+                    raise ValueError(f"{name}: rows {n + 1:,}..: not readable Parquet ({_arrow_message(e)})") from None
+                if batch is None:
+                    return
+                sizes = None  # bytes of each row's text and binary cells, before any becomes a Python object
+                for c in batch.columns:
+                    if pa.types.is_string(c.type) or pa.types.is_binary(c.type) or pa.types.is_large_string(c.type) \
+                            or pa.types.is_large_binary(c.type):
+                        s = pc.fill_null(pc.binary_length(c), 0).to_numpy(zero_copy_only=False)
+                        sizes = s if sizes is None else sizes + s
+                if sizes is not None and len(sizes) and sizes.max() > MAX_LINE_BYTES:
+                    k = int(sizes.argmax())
+                    raise ValueError(f"{name}: row {n + k + 1:,} is {int(sizes[k]):,} bytes, longer than "
+                                     f"{MAX_LINE_BYTES >> 20} MiB, the limit for one row")
+                try:
+                    recs = batch.to_pylist()
+                except Exception as e:  # e.g. a string column whose bytes are not UTF-8
+                    raise ValueError(f"{name}: rows {n + 1:,}..{n + batch.num_rows:,}: not readable "
+                                     f"({_arrow_message(e)})") from None
+                for rec in recs:
                     n += 1
                     yield f"row {n}", rec
 
-    return columns, rows()
+    return columns, rows
+
+
+def _first_row(md: Any, g: int) -> int:
+    return 1 + sum(md.row_group(i).num_rows for i in range(g))
 
 
 def _cell(v: Any) -> str | None:
@@ -257,25 +398,32 @@ def _rows(source: Any, name: str, text_column: str | None, label_columns: Sequen
         if label_columns:
             raise ValueError(f"{name}: a .txt dataset has no label columns (asked for {', '.join(label_columns)})")
         return [], txt()
-    columns, records = _records(source, name, suffix)
+    columns, make = _records(source, name, suffix)
     text_col = _text_column(columns, name, text_column)
     id_col = next((c for c in ID_COLUMNS if c in columns and c != text_col), None)
     others = [c for c in columns if c not in (text_col, id_col)]
     if label_columns is not None:
         unknown = [c for c in label_columns if c not in others]
         if unknown:
-            records.close()
-            raise ValueError(f"{name}: no label column(s) {', '.join(unknown)}; found: {', '.join(others) or 'none'}")
+            raise ValueError(f"{name}: no label column(s) {shown(', '.join(unknown))}; found: "
+                             f"{shown(', '.join(others)) or 'none'}")
         others = list(label_columns)
+    if len(others) > MAX_LABEL_COLUMNS:
+        raise ValueError(f"{name}: {len(others):,} label columns; at most {MAX_LABEL_COLUMNS} (name the ones to use "
+                         "with label_columns / --labels)")
+    records = make([text_col, *([id_col] if id_col else []), *others])
 
     def gen():
         for k, (where, rec) in enumerate(records, start=1):
             text = rec.get(text_col)
             if not isinstance(text, str):
                 if text is not None:
-                    raise ValueError(f"{name}: {where}: {text_col} is not text ({type(text).__name__})")
+                    raise ValueError(f"{name}: {where}: {shown(text_col)} is not text ({type(text).__name__})")
                 text = ""
+            _check_text(text, name, where, shown(text_col))
             rid = _cell(rec.get(id_col)) if id_col else None
+            if rid:
+                _check_text(rid, name, where, shown(id_col))
             yield where, rid or str(k), text, rec
 
     return others, gen()
@@ -292,16 +440,34 @@ def _digest(source: Any, parts: Sequence[str]) -> str:
     return h.hexdigest()
 
 
+def _one_line(rows: Iterator[Any]) -> Iterator[Any]:
+    """`rows`, with any ValueError's message made one line (`shown`: file and column names may hold
+    line breaks and control characters)."""
+    try:
+        yield from rows
+    except ValueError as e:
+        raise ValueError(shown(str(e))) from None
+
+
 def load_corpus(source: str | os.PathLike | bytes, name: str | None = None, *, limits: Limits = Limits(),
                 text_column: str | None = None, label_columns: Sequence[str] | None = None) -> CorpusData:
     """Check a dataset file (a path, or uploaded bytes with their file `name`) and return it as a
     `CorpusData` (module doc: formats, label columns, errors). Reads the input twice before
     returning (the check and the digest); iterating the result reads it again."""
+    try:
+        return _load_corpus(source, name, limits, text_column, label_columns)
+    except ValueError as e:
+        raise ValueError(shown(str(e))) from None
+
+
+def _load_corpus(source: Any, name: str | None, limits: Limits, text_column: str | None,
+                 label_columns: Sequence[str] | None) -> CorpusData:
     name = name if name is not None else str(source)
     if isinstance(source, bytes) and name == str(source):
         raise ValueError("uploaded bytes need the file name they came with")
     candidates, rows = _rows(source, name, text_column, label_columns)
-    values: dict[str, set[str]] = {c: set() for c in candidates}
+    values: dict[str, dict[str, None]] = {c: {} for c in candidates}  # distinct values, in order of appearance
+    long: set[str] = set()  # columns with a value over MAX_LABEL_CHARS: text, not labels
     n_rows = n_chars = 0
     for where, _, text, rec in rows:
         if not text.strip():
@@ -315,30 +481,40 @@ def load_corpus(source: str | os.PathLike | bytes, name: str | None = None, *, l
             raise ValueError(f"{name}: more than {limits.chars:,} characters of text (by {where}); the app takes "
                              f"at most {limits.chars:,} (routescope corpus streams files of any size)")
         for c, seen in values.items():
-            if len(seen) <= MAX_LABEL_VALUES:
-                seen.add(_cell(rec.get(c)) or MISSING)
+            if len(seen) <= MAX_LABEL_VALUES and c not in long:
+                v = _cell(rec.get(c)) or MISSING
+                if len(v) > MAX_LABEL_CHARS:
+                    if label_columns is not None:
+                        raise ValueError(f"{name}: {where}: label column {shown(c)!r} holds a value of {len(v):,} "
+                                         f"characters; a label is at most {MAX_LABEL_CHARS}")
+                    long.add(c)
+                    continue
+                seen[_check_text(v, name, where, f"label column {shown(c)!r}")] = None
     if not n_rows:
         raise ValueError(f"{name}: no rows (only a header, or only blank lines)")
     notes = []
     if label_columns is not None:
         wide = [c for c in candidates if len(values[c]) > MAX_LABEL_VALUES]
         if wide:
-            raise ValueError(f"{name}: label column(s) {', '.join(wide)} have more than {MAX_LABEL_VALUES} distinct "
-                             "values; a label groups rows")
+            raise ValueError(f"{name}: label column(s) {shown(', '.join(wide))} have more than {MAX_LABEL_VALUES} "
+                             "distinct values; a label groups rows")
         labels = list(candidates)
     else:
-        labels = [c for c in candidates if len(values[c]) <= MAX_LABEL_VALUES]
-        notes += [f"column {c} has more than {MAX_LABEL_VALUES} distinct values: not used as a label"
-                  for c in candidates if c not in labels]
+        labels = [c for c in candidates if len(values[c]) <= MAX_LABEL_VALUES and c not in long]
+        notes += [f"column {shown(c)} has more than {MAX_LABEL_VALUES} distinct values: not used as a label"
+                  for c in candidates if c not in labels and c not in long]
+        notes += [f"column {shown(c)} has values longer than {MAX_LABEL_CHARS} characters: not used as a label"
+                  for c in candidates if c in long]
     digest = _digest(source, ["file", Path(name).suffix.lower(), text_column or "", *labels])
 
     def opener() -> Iterator[CorpusRow]:
         _, again = _rows(source, name, text_column, labels if candidates else None)
-        for _, rid, text, rec in again:
+        for _, rid, text, rec in _one_line(again):
             yield CorpusRow(rid, text, tuple(_cell(rec.get(c)) or MISSING for c in labels))
 
     return CorpusData(name=Path(name).name if not isinstance(source, bytes) else name, digest=digest,
-                      label_columns=tuple(labels), n_rows=n_rows, n_chars=n_chars, opener=opener, notes=tuple(notes))
+                      label_columns=tuple(labels), n_rows=n_rows, n_chars=n_chars, opener=opener, notes=tuple(notes),
+                      label_values={c: tuple(values[c]) for c in labels})
 
 
 def rows_corpus(name: str, rows: Sequence[CorpusRow], label_columns: Sequence[str], *,
@@ -355,8 +531,9 @@ def rows_corpus(name: str, rows: Sequence[CorpusRow], label_columns: Sequence[st
     h = hashlib.sha256("\0".join(["rows", name, *label_columns]).encode("utf-8"))
     for r in rows:
         h.update("\0".join([r.row_id, r.text, *r.labels, "\n"]).encode("utf-8"))
+    values = {c: tuple(dict.fromkeys(r.labels[i] for r in rows)) for i, c in enumerate(label_columns)}
     return CorpusData(name=name, digest=h.hexdigest(), label_columns=tuple(label_columns), n_rows=len(rows),
-                      n_chars=n_chars, opener=lambda: iter(rows))
+                      n_chars=n_chars, opener=lambda: iter(rows), label_values=values)
 
 
 # --- shipped datasets -----------------------------------------------------------------------------

@@ -142,16 +142,47 @@ def layout_of(model: Any, label_columns: Sequence[str]) -> S.Layout:
     return S.Layout(tuple(reader.layers), tuple(n), tuple(names), 1, tuple(label_columns), routed=reader.routed)
 
 
-def _encode(tok: Any, texts: list[str]) -> list[list[int]]:
-    if hasattr(tok, "encode_batch"):
-        return [e.ids for e in tok.encode_batch(texts)]
-    return [tok.encode(t).ids for t in texts]
+def encode_head(tok: Any, text: str, n: int) -> list[int]:
+    """The first `n` token ids of `text`, equal to `tok.encode(text).ids[:n]`, tokenizing only as
+    much of the text as they need (a row may be 1 MiB; `--max-tokens 8` needs a few words). A
+    prefix is encoded (16 characters a token, growing 4x) and its tokens kept up to the start of
+    the pre-tokenizer piece that holds the last `reach` characters (the longest added token's
+    length): pieces before it are cut from the whole text alike, and no added token can straddle
+    the cut there. A tokenizer with a normalizer, a post-processor that may add tokens, or no
+    pre-tokenizer encodes the whole text."""
+    pre = getattr(tok, "pre_tokenizer", None)
+    post = getattr(tok, "post_processor", None)
+    if pre is None or getattr(tok, "normalizer", None) is not None or \
+            (post is not None and type(post).__name__ != "ByteLevel"):  # ByteLevel only trims offsets
+        return tok.encode(text).ids[:n]
+    reach = max((len(t.content) for t in tok.get_added_tokens_decoder().values()), default=0)
+    size = 16 * n + 64 + reach
+    while size < len(text):
+        head = text[:size]
+        edge = len(head) - reach
+        safe = 0  # the start of the piece holding character `edge` (or the last piece)
+        for _, (start, _) in pre.pre_tokenize_str(head):
+            if start > edge:
+                break
+            safe = start
+        enc = tok.encode(head)
+        ids = []
+        for i, (_, end) in zip(enc.ids, enc.offsets):
+            if end > safe or len(ids) == n:
+                break
+            ids.append(i)
+        if len(ids) == n:
+            return ids
+        size *= 4
+    return tok.encode(text).ids[:n]
 
 
-def _chunks(rows: Iterator[CorpusRow], size: int) -> Iterator[list[CorpusRow]]:
-    chunk: list[CorpusRow] = []
+def _chunks(rows: Iterator[CorpusRow], size: int, tok: Any, limit: int) -> Iterator[list[tuple[CorpusRow, list[int]]]]:
+    """Chunks of at most `size` rows, each row with its first `limit` token ids and its text dropped
+    (a chunk holds ids, not texts of up to 1 MiB each)."""
+    chunk: list[tuple[CorpusRow, list[int]]] = []
     for row in rows:
-        chunk.append(row)
+        chunk.append((dataclasses.replace(row, text=""), encode_head(tok, row.text, limit)))
         if len(chunk) == size:
             yield chunk
             chunk = []
@@ -178,8 +209,9 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
     stats: S.RouteStats | V.ValueStats | None = None if layout.routes else V.ValueStats(layout)
     notes: list[str] = list(data.notes)
     done = 0
-    for chunk in _chunks(iter(data), settings.chunk_size):
-        ids = [x[:limit] for x in _encode(tokenizer, [r.text for r in chunk])]
+    for encoded in _chunks(iter(data), settings.chunk_size, tokenizer, limit):
+        chunk, ids = [r for r, _ in encoded], [x for _, x in encoded]
+        del encoded
         for r, x in zip(chunk, ids):
             if not x:
                 raise ValueError(f"{data.name}: row {r.row_id}: the text encodes to no tokens")

@@ -22,7 +22,6 @@ domain's validation split, with two sections of its own.
 """
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from . import columns as C
 from . import domain as D
 from .corpus_data import validation_split
 from .corpus_page import html_table
+from .html_safe import text
 from .corpus_run import CorpusResult, CorpusSettings, run_corpus
 from .effects import ablation_effects
 from .families import family_analysis
@@ -238,7 +238,7 @@ def _pct(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
 def extra_sections(data: ReportData) -> list[tuple[str, str, str]]:
     """(id, heading, HTML) of the report's own sections: probe accuracy and dropped options. Figures
     carry no plotly.js (the page has it once, with its first figure)."""
-    esc = html.escape
+    esc = text
     out = []
     if len(data.accuracy):
         wide = accuracy_wide(data.accuracy)

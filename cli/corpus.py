@@ -3,14 +3,17 @@ and the corpus view's offline HTML page, optionally beside a second checkpoint o
 
     routescope corpus CHECKPOINT (--data FILE | --shipped NAME) [--compare CHECKPOINT] --out DIR
 
-Writes into DIR (made if missing; existing files of the same names are replaced): `<table>.csv` and
+Writes into DIR (replaced whole: it may hold only an earlier run's files): `<table>.csv` and
 `<table>.parquet` for each table of `analysis.corpus` (summary, utilisation, label_shares, accuracy,
 specialisation, co_routing; call_values for families without per-token routes), with --compare
 `compare_<table>.*` (both side by side with their differences), `corpus.html` (the page) and
-`corpus.json` (provenance). The dataset is checked, and the two checkpoints' routing layers
-compared, before any model runs: a bad file or two checkpoints that cannot be compared stop the
-command with one line naming why (exit 2), and nothing is written. The file is streamed: the
-command has no size limit (the app's limits are `analysis.corpus_data.APP_LIMITS`).
+`corpus.json` (provenance). The files are built in a hidden directory beside DIR and swapped in
+whole at the end (`corpus_page.OutputSet`): an interrupted or failed run leaves the earlier set
+as it was, a finished one leaves no stale table. DIR, the dataset, the intended options (given, or
+the dataset's own expected_path / expected_option) and the two checkpoints' routing layers are all
+checked before any model runs: a problem stops the command with one line naming it (exit 2), and
+nothing is written. The file is streamed in bounded memory: the command has no size limit (the
+app's limits are `analysis.corpus_data.APP_LIMITS`).
 """
 from __future__ import annotations
 
@@ -35,9 +38,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--shipped", metavar="NAME", help="a shipped dataset: table6, heldout, validation, "
                                                         "validation-story, validation-math")
     c.add_argument("--compare", metavar="CHECKPOINT", help="a second checkpoint, run on the same rows")
-    c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and corpus.html (made if "
-                                                                "missing); an existing file of the same name is "
-                                                                "replaced (the command says how many)")
+    c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and corpus.html, replaced "
+                                                                "whole (made if missing; an existing one may hold "
+                                                                "only an earlier run's files: the command says how "
+                                                                "many it replaced)")
     c.add_argument("--text-column", metavar="NAME", help="the text column (default: text, else prompt)")
     c.add_argument("--labels", metavar="COL,COL", help="label columns (default: every other column with at most "
                                                         "50 distinct values)")
@@ -93,9 +97,11 @@ def run(args: argparse.Namespace) -> int:
     why = S.comparable(*layouts, names=tuple(names)) if len(layouts) == 2 else None
     if why:
         raise ValueError(f"cannot compare {names[0]} with {names[1]}: {why}")
+    own = S.default_intended(data.label_columns, {c: list(v) for c, v in (data.label_values or {}).items()})
     for lay in layouts:
         if lay.routes:
             S.check_intended(intended, lay)
+            S.check_intended(own, lay)  # the dataset's expected_path / expected_option, before the run
     results = []
     for name, (model, tok) in zip(names, loaded):
         text = TokenText(tok)
@@ -104,18 +110,20 @@ def run(args: argparse.Namespace) -> int:
                                         progress=lambda n, b=bar: b.update(n - b.n), decode=lambda i, t=text: t([i])[0]))
     tables = [r.tables(top=args.top, min_count=args.min_count, intended=intended) for r in results]
     compared = S.compare_tables(*tables) if len(tables) == 2 else None
-    replaced = sum((out / f"{n}.{f}").exists() for n in [*tables[0], *(f"compare_{k}" for k in compared or {})]
-                   for f in formats) + sum((out / n).exists() for n in ("corpus.html", "corpus.json"))
-    written = P.write_tables({**tables[0], **{f"compare_{k}": v for k, v in (compared or {}).items()}}, out, formats)
     from routescope.app.components.corpus_report import page  # the drawer table (plotly only, no Streamlit)
 
-    P.write_file(out / "corpus.html", page(results[0], tables[0], loaded[0][0].option_labels(),
-                                           other=results[1] if len(results) == 2 else None,
-                                           compared=compared).encode("utf-8"))
-    doc = {"a": R.provenance(results[0]), **({"b": R.provenance(results[1])} if len(results) == 2 else {}),
-           "tables": sorted({p.stem for p in written}), "formats": formats, "notes": list(results[0].notes)}
-    P.write_file(out / "corpus.json", json.dumps(doc, indent=1, ensure_ascii=False).encode("utf-8"))
+    html = page(results[0], tables[0], loaded[0][0].option_labels(), other=results[1] if len(results) == 2 else None,
+                compared=compared).encode("utf-8")
+    with P.OutputSet(out) as built:
+        for stale in built.removed_stale:
+            sys.stderr.write(f"note: removed {stale}, left by a run that was killed\n")
+        written = P.write_tables({**tables[0], **{f"compare_{k}": v for k, v in (compared or {}).items()}},
+                                 built.dir, formats)
+        P.write_file(built.dir / P.PAGE, html)
+        doc = {"a": R.provenance(results[0]), **({"b": R.provenance(results[1])} if len(results) == 2 else {}),
+               "tables": sorted({p.stem for p in written}), "formats": formats, "notes": list(results[0].notes)}
+        P.write_file(built.dir / P.PROVENANCE, json.dumps(doc, indent=1, ensure_ascii=False).encode("utf-8"))
     sys.stderr.write(f"wrote {len(written) + 2} files to {out} ({data.n_rows:,} rows, "
                      f"{results[0].stats.n_tokens:,} tokens{', 2 checkpoints' if len(results) == 2 else ''}"
-                     f"{f'; replaced {replaced} existing files' if replaced else ''})\n")
+                     f"{f'; replaced an earlier set of {built.replaced} files' if built.replaced else ''})\n")
     return 0

@@ -101,8 +101,11 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _say(command: str, message: str, code: int) -> int:
+    """One line on stderr: control characters (ESC, BEL, line breaks from a file or column name),
+    lone surrogates and other unprintable ones shown as escapes, never sent to the terminal."""
+    line = "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in f"{command}: {message}")
     try:
-        sys.stderr.write(f"{command}: {message}\n")
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):  # stderr closed or gone: the exit status still says it
         pass

@@ -61,7 +61,7 @@ def write_atomically(path: Path, text: str) -> bool:
     remove_stale_temporaries(path)
     tmp, lock = new_temporary(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with os.fdopen(os.dup(lock), "w", encoding="utf-8") as f:  # the file created, never a name looked up again
             f.write(text)
         existed = path.exists()
         os.replace(tmp, path)

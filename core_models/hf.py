@@ -592,6 +592,17 @@ def _stored_dtype(path: Path, d: dict) -> torch.dtype | None:
     return stored_dtype(read_header(files[0])) if files else None
 
 
+def _load_report_problem(info: dict) -> str | None:
+    """transformers' load report (missing, unexpected, mismatched tensors, errors) as one line, or None."""
+    parts = []
+    for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"), ("mismatched_keys", "mismatched"),
+                      ("error_msgs", "error"), ("conversion_errors", "conversion error")):
+        found = sorted(str(k[0] if isinstance(k, tuple) else k) for k in (info.get(key) or ()))
+        if found:
+            parts.append(f"{len(found)} {what} ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''})")
+    return "; ".join(parts) or None
+
+
 def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: torch.dtype | None) -> HFModel:
     """The transformers model in directory `path` (config dict `d`), from local files only, safetensors
     only (`check_hf_directory` ran first), wrapped and instrumented. `dtype` None: as stored
@@ -607,8 +618,15 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if d.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:  # before transformers lists its ~900 names
+        if "auto_map" in d:
+            raise ValueError(f"{path}: model_type {d.get('model_type')!r} needs the directory's own code (auto_map in "
+                             "config.json); RouteScope never runs a model directory's code")
         raise ValueError(f"{path}: model_type {d.get('model_type')!r} is not a causal language model this "
                          f"transformers ({_transformers_version()}) knows")
+    from .checkpoint import read_header
+
+    for weights in sorted(Path(path).glob("*.safetensors")):  # a truncated or oversized file, named in one line
+        read_header(weights)
     config = HFConfig.from_hf_dict(d)
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # its load report and progress bar go to stderr; RouteScope reports its own
@@ -620,10 +638,12 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         dtype = run_dtype(dtype, _stored_dtype(Path(path), d), device)
         require_fits(sum(p.numel() for p in hf.parameters()), dtype, device, str(path))
         if device.type != "meta":
-            hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
-                                                      trust_remote_code=False,  # never run the directory's code
-                                                      dtype=dtype, device_map=None)
-            hf = hf.to(device)
+            hf, info = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
+                                                            trust_remote_code=False,  # never run the directory's code
+                                                            dtype=dtype, device_map=None, output_loading_info=True,
+                                                            ignore_mismatched_sizes=True)  # refused below, by name
+            problem = _load_report_problem(info)  # transformers fills a missing tensor with random values
+            hf = hf.to(device) if problem is None else None
     except TooLarge:
         raise
     except UnsupportedMoE as e:
@@ -637,6 +657,8 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+    if hf is None:
+        raise ValueError(f"{path}: the weights do not match the model: {problem}")
     return HFModel(config, hf).eval()
 
 

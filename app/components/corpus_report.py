@@ -2,12 +2,12 @@
 app's download and `routescope corpus` / `routescope report` write the same page."""
 from __future__ import annotations
 
-import html
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from routescope.analysis.corpus_page import render_page
+from routescope.analysis.html_safe import text
 from routescope.analysis.corpus_run import CorpusResult, corpus_views, provenance
 from routescope.analysis.families import RunViews
 
@@ -51,8 +51,8 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
     heading, HTML); `all_tables`: what the page embeds as JSON (default: every table it shows)."""
     names = (result.model, other.model if other is not None else "")
     views = corpus_views(tables, compared, names)
-    esc = html.escape
-    intro = (f"<p>{result.description}</p><p>Dataset <b>{esc(result.dataset)}</b>: {result.stats.n_rows:,} rows, "
+    esc = text  # model, dataset and family names come from files
+    intro = (f"<p>{esc(result.description)}</p><p>Dataset <b>{esc(result.dataset)}</b>: {result.stats.n_rows:,} rows, "
              f"{result.stats.n_tokens:,} tokens (at most the first {result.max_tokens} "
              f"tokens of each row; padding never counted).</p>")
     if other is not None:

@@ -9,6 +9,8 @@ import html
 import math
 import re
 
+from routescope.analysis.html_safe import text
+
 from .figures import PALETTE, ChoiceGrid, show_token
 
 # Streamlit's Markdown styles tables: these rules override them (!important) inside .rs-grid only
@@ -54,10 +56,10 @@ def route_grid_html(grids: list[ChoiceGrid], tokens: list[str], n_prompt: int | 
     edge = lambda t: " rs-first-gen" if t == first_gen else ""  # noqa: E731  (the dotted prompt | generated line)
     head = "".join(f'<th class="rs-col{" rs-gen-col" if n_prompt is not None and t >= n_prompt else ""}{edge(t)}" '
                    f'title="{_attr(f"position {t}: {show_token(tok)}")}">'
-                   f"{html.escape(show_token(tok)[:12])}</th>" for t, tok in enumerate(tokens))
+                   f"{text(show_token(tok)[:12])}</th>" for t, tok in enumerate(tokens))
     rows = [f'<tr><th></th>{head}</tr>']
     for g in grids:
-        rows.append(f'<tr class="rs-title"><th colspan="{len(tokens) + 1}">{html.escape(g.title)}</th></tr>')
+        rows.append(f'<tr class="rs-title"><th colspan="{len(tokens) + 1}">{text(g.title)}</th></tr>')
         for i, layer in enumerate(g.layers):
             cells = []
             for t in range(len(tokens)):
@@ -66,9 +68,9 @@ def route_grid_html(grids: list[ChoiceGrid], tokens: list[str], n_prompt: int | 
                 tip = _attr(_plain(str(g.hover[i, t])) if t < g.hover.shape[1] else "")
                 cls = ' class="rs-first-gen"' if t == first_gen else ""
                 cells.append(f'<td{cls} style="background:{colour}" title="{tip}"></td>')
-            rows.append(f'<tr><th class="rs-layer">{html.escape(layer)}</th>{"".join(cells)}</tr>')
+            rows.append(f'<tr><th class="rs-layer">{text(layer)}</th>{"".join(cells)}</tr>')
     legend = "".join(f'<span class="rs-swatch" style="background:{PALETTE[j % len(PALETTE)]}"></span>'
-                     f"{html.escape(label)}" for j, label in enumerate(widest.labels))
+                     f"{text(label)}" for j, label in enumerate(widest.labels))
     return (f'<div class="rs-grid-wrap"><table class="rs-grid">{"".join(rows)}</table></div>'
             f'<div class="rs-legend">{GRID_LEGEND} {legend}</div>')
 

@@ -452,13 +452,15 @@ def test_auto_loads_a_bfloat16_directory_as_bfloat16_as_transformers_does(saved,
 def test_a_model_that_cannot_fit_is_refused_before_any_weight_is_read(tmp_path):
     """An OLMoE-shaped config far past any machine's memory (built on the meta device only, never
     allocated): one line with both figures and the way out, before transformers reads the weights
-    (the directory's one weight file is not even a safetensors file)."""
+    (the directory's one weight file holds none of the model's tensors)."""
     import transformers as T
 
     T.OlmoeConfig(vocab_size=50304, hidden_size=16384, intermediate_size=8192, num_hidden_layers=64,
                   num_attention_heads=64, num_key_value_heads=64, num_experts=256,
                   num_experts_per_tok=8, dtype="bfloat16").save_pretrained(tmp_path)
-    (tmp_path / "model.safetensors").write_bytes(b"not read")
+    from safetensors.torch import save_file
+
+    save_file({"unrelated": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"needs about [\d.]+ GiB as bfloat16 \([\d.]+B parameters\) but [\d.]+ "
                                               r"GiB is available on cpu .*use a machine with more memory$"):
         load_checkpoint(tmp_path)
