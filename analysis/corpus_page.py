@@ -264,15 +264,10 @@ def _fmt(v: Any) -> str:
 
 def html_table(df: pd.DataFrame, rows: int = PAGE_ROWS) -> str:
     """An escaped HTML table of the first `rows` rows (a note says how many more the files have)."""
-<<<<<<< HEAD
     helps = df.attrs.get("help", {})  # a column's help as its heading's tooltip
-    head = "".join(f'<th title="{html.escape(helps[c])}">{html.escape(str(c))}</th>' if c in helps
-                   else f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>"
-=======
-    head = "".join(f"<th>{text(c)}</th>" for c in df.columns)
+    head = "".join(f'<th title="{attr(helps[c])}">{text(c)}</th>' if c in helps else f"<th>{text(c)}</th>"
+                   for c in df.columns)
     body = "".join("<tr>" + "".join(f"<td>{text(_fmt(v))}</td>" for v in r) + "</tr>"
->>>>>>> issue-29
                    for r in df.head(rows).itertuples(index=False))
     more = f"<p class='more'>{len(df) - rows:,} more rows in the table's CSV / Parquet file.</p>" if len(df) > rows else ""
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
@@ -302,17 +297,10 @@ def render_page(*, title: str, intro: str, pieces: Mapping[str, Mapping[str, Any
         base = view.removeprefix("compare_")
         heading, about = SECTIONS.get(base, (base.replace("_", " ").capitalize(), ""))
         if view.startswith("compare_"):
-<<<<<<< HEAD
-            heading, text = f"Compared: {heading.lower()}", "Both models side by side, each column named by its " \
+            heading, about = f"Compared: {heading.lower()}", "Both models side by side, each column named by its " \
                                                              "model, and the difference (the second minus the first)."
-        parts.append(f'<h2 id="{esc(view)}">{esc(heading)}</h2><p>{esc(text)}</p>')
-        for name, piece in drawn.items():
-=======
-            heading, about = f"Compared: {heading.lower()}", "Both models side by side (_a, _b) and the difference " \
-                                                             "b - a."
         parts.append(f'<h2 id="{attr(view)}">{esc(heading)}</h2><p>{esc(about)}</p>')
         for piece in drawn.values():
->>>>>>> issue-29
             if isinstance(piece, pd.DataFrame):
                 parts.append(html_table(piece))
             else:
