@@ -364,11 +364,11 @@ def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cp
         raise CheckpointError(f"{path / TOKENIZER}: {problem} in {path / CONFIG}")
     header = read_header(weights)
     dtype = run_dtype(dtype, stored_dtype(header), device)
+    check_size(config, header, path / CONFIG, weights)  # the config against its weights: which field is off
     try:
-        require_fits(param_count(config), dtype, device, str(path))  # from the config: before any check builds it
+        require_fits(param_count(config), dtype, device, str(path))  # from the config: before any module exists
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    check_size(config, header, path / CONFIG, weights)
     model = shape_model(config)
     check_tensors(model, weights, header)
     model = materialise(model, device, dtype)

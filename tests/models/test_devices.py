@@ -316,18 +316,24 @@ def test_on_an_accelerator_sampled_routes_and_generation_match_the_cpu(tmp_path,
     assert choice and all(torch.equal(a.trace[n], b.trace[n]) for n in choice)  # Gumbel noise is drawn on the CPU
 
 
-def test_a_routescope_checkpoint_that_cannot_fit_is_refused_before_it_is_read(tmp_path):
-    """The parameter count comes from the config (closed form), so the check runs before the
-    weight file is compared with it or read."""
-    import json
+def test_a_routescope_checkpoint_that_does_not_fit_is_refused_before_it_is_read(monkeypatch):
+    """With less memory free than the model needs (the machine's figure replaced by a small one),
+    a shipped checkpoint is refused in one line from its closed-form count, before a module is built
+    or a weight read; with enough it loads. (tests/analysis/test_hf.py refuses a config that fits on
+    no machine, built on the meta device only.)"""
+    from pathlib import Path
 
-    from safetensors.torch import save_file
+    from routescope.core_models import checkpoint as ck
+    from routescope.core_models.registry import param_count
 
-    from routescope.core_models import from_name
-    from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
-
-    cfg = from_name("llama-dense", d_model=65536, n_layers=64, n_heads=64, n_kv_heads=64)
-    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
-    save_file({"embed.weight": torch.zeros(2, 2, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"needs about [\d.]+ GiB as bfloat16 .* is available on cpu"):
-        load_checkpoint(tmp_path)
+    path = Path(__file__).resolve().parents[2] / "checkpoints" / "pgpt"
+    n = param_count(ck.read_model_config(path))
+    need = n * 4 + devices.HEADROOM  # stored float16, run as float32 on the CPU
+    monkeypatch.setattr(devices, "available_memory", lambda device: (need - 1, "a test's figure"))
+    monkeypatch.setattr(ck, "shape_model", lambda *a: pytest.fail("a module was built"))
+    with pytest.raises(ck.CheckpointError, match=rf"needs about [\d.]+ GiB as float32 \({n / 1e9:.2f}B parameters\) "
+                                                 r"but [\d.]+ GiB is available on cpu \(a test's figure\)"):
+        ck.load_checkpoint(path)
+    monkeypatch.undo()
+    monkeypatch.setattr(devices, "available_memory", lambda device: (need, "a test's figure"))
+    assert ck.load_checkpoint(path)[0].num_params() == n
