@@ -8,8 +8,8 @@ directory is then swapped with the old one in one rename; an interrupted or fail
 previous set as it was, and a finished one leaves no file of an earlier set. No path is followed
 through a symbolic link. `render_page` is the corpus view as one self-contained page: headings, the
 figures the app draws (handed in, drawn by the drawer table), the tables (the first PAGE_ROWS rows
-of each; the files have all), and every table as JSON in <script type="application/json"
-id="corpus-data">. plotly.js is embedded once; nothing is fetched. Every string from the data is
+of each; the files have all), and every table as JSON ({"columns", "data"}: rows as lists) in
+<script type="application/json" id="corpus-data">. plotly.js is embedded once; nothing is fetched. Every string from the data is
 escaped for where it goes (`analysis.html_safe`), and element ids are generated, never data.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ import pandas as pd
 
 from .export import frame_csv_bytes, new_temporary
 from .html_safe import attr, script_json, text
+from .plotly_bundle import script_tag
 
 try:
     import fcntl
@@ -39,7 +40,7 @@ except ImportError:  # not on Windows: a killed run's hidden directory is then l
     fcntl = None  # type: ignore[assignment]
 
 FORMATS = ("csv", "parquet")
-PAGE_ROWS = 2000
+PAGE_ROWS = 500  # rows of a table shown on the page (its files have all): a 128-expert page stays small
 
 # view name -> (heading, what it shows); compare_<name> views take the heading of <name>
 SECTIONS: dict[str, tuple[str, str]] = {
@@ -273,10 +274,12 @@ def html_table(df: pd.DataFrame, rows: int = PAGE_ROWS) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
+def _records(df: pd.DataFrame) -> dict:
+    """A table as {"columns": [...], "data": [[row], ...]} (column names once, not per row: half the
+    bytes of records), floats to 6 significant digits (the files keep full precision)."""
     import json
 
-    return json.loads(df.to_json(orient="records", force_ascii=False))
+    return json.loads(df.to_json(orient="split", index=False, force_ascii=False, double_precision=6))
 
 
 _STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}table{border-collapse:collapse;"
@@ -305,7 +308,9 @@ def render_page(*, title: str, intro: str, pieces: Mapping[str, Mapping[str, Any
                 parts.append(html_table(piece))
             else:
                 n_fig += 1
-                parts.append(piece.to_html(full_html=False, include_plotlyjs=first, div_id=f"fig-{n_fig}"))
+                if first:
+                    parts.append(script_tag())  # plotly.js once, before the first figure
+                parts.append(piece.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{n_fig}"))
                 first = False
     for sid, heading, body in extra:
         parts.append(f'<h2 id="{attr(sid)}">{esc(heading)}</h2>{body}')

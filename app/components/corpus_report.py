@@ -14,21 +14,25 @@ from routescope.analysis.families import RunViews
 from .corpus_figures import many_options, top_transitions
 from .drawers import DrawContext, draw
 
-EMBED_ROWS = 20_000  # rows of one table the page embeds as JSON; the CSV / Parquet files hold every row
+EMBED_ROWS = 10_000  # rows of one table the page embeds as JSON; the CSV / Parquet files hold every row
 
 
 def embedded(tables: Mapping[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """The tables a page embeds, and a note for each it shortens: with many options the co-routing
-    table is its top transitions (128 x 128 options a pair of layers would be tens of MB of JSON);
-    any table is cut to EMBED_ROWS rows."""
+    table is its top transitions (128 x 128 options a pair of layers would be tens of MB of JSON) and
+    other tables leave out their rows that count no token; any table is cut to EMBED_ROWS rows."""
     out, notes = {}, []
     for name, df in tables.items():
-        if name.removeprefix("compare_") == "co_routing" and many_options(df, "option_a") and not name.startswith("compare_"):
+        if name == "co_routing" and many_options(df, "option_a"):
             short = top_transitions(df)
             notes.append(f"The page embeds the co-routing table's {len(short):,} most frequent transitions of "
                          f"{len(df):,} rows; co_routing.csv / .parquet have every one.")
             df = short
-        elif len(df) > EMBED_ROWS:
+        elif "option" in df.columns and "count" in df.columns and many_options(df) and (df["count"] == 0).any():
+            notes.append(f"The page embeds the {name} table's rows that count a token ({(df['count'] > 0).sum():,} of "
+                         f"{len(df):,}); its CSV / Parquet file has the zeros too.")
+            df = df[df["count"] > 0]
+        if len(df) > EMBED_ROWS:
             notes.append(f"The page embeds the first {EMBED_ROWS:,} of the {name} table's {len(df):,} rows; its "
                          "CSV / Parquet file has every one.")
             df = df.head(EMBED_ROWS)

@@ -18,6 +18,7 @@ from routescope.analysis.corpus_run import CorpusSettings, run_corpus
 from routescope.analysis.export import read_frame_csv
 from routescope.app import state as K
 from routescope.core_models.checkpoint import load_checkpoint
+from routescope.analysis.plotly_bundle import plotly_js
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app" / "main.py")
@@ -212,10 +213,15 @@ def test_page_html_is_offline_and_holds_every_table(tmp_path):
     text = page(res, tables, model.option_labels())
     import json
     import re
-    assert not re.search(r"<script[^>]*\bsrc\s*=", text) and "plotly.js v" in text
+    assert not re.search(r"<script[^>]*\bsrc\s*=", text) and text.count(plotly_js()[:300]) == 1
     doc = json.loads(re.search(r'<script type="application/json" id="corpus-data">(.*?)</script>', text, re.S)[1])
     assert set(doc["tables"]) == set(tables)
-    assert doc["tables"]["utilisation"] == json.loads(tables["utilisation"].to_json(orient="records"))
+    u = tables["utilisation"]
+    emb = doc["tables"]["utilisation"]
+    assert emb["columns"] == list(u.columns) and len(emb["data"]) == len(u)
+    for row, want in zip(emb["data"], u.itertuples(index=False)):  # floats to 6 significant digits
+        for got, w in zip(row, want):
+            assert got == w if not isinstance(w, float) else abs(got - w) <= 1e-5 * max(1.0, abs(w))
     for view in tables:
         assert f'<h2 id="{view}">' in text
 

@@ -198,3 +198,24 @@ def test_an_exported_figure_names_model_and_ablation_in_its_visible_title():
         if fig.layout.title.text:
             assert fig.layout.title.text in title  # the chart's own title stays
         assert fig.layout.title.text != title  # the app's figure is not changed
+
+
+def test_offline_pages_carry_plotlys_cartesian_bundle_of_the_version_plotly_draws_for():
+    """Every figure is cartesian, so pages inline plotly.js's cartesian bundle (a third of the full
+    one) of exactly the plotly.js version plotly.py writes figures for, else the full bundle."""
+    import hashlib
+
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    from routescope.analysis import plotly_bundle as P
+
+    js = P.plotly_js()
+    if get_plotlyjs_version() == P.VERSION:
+        assert js.startswith("/**\n* plotly.js (cartesian - minified) v" + P.VERSION)
+        assert hashlib.sha256(js.encode()).hexdigest() == P.SHA256 and len(js) < len(get_plotlyjs()) / 2
+    else:
+        assert js == get_plotlyjs()
+    import plotly.graph_objects as go
+
+    page = P.figure_page(go.Figure(go.Heatmap(z=[[0, 1]])), "t<i>")
+    assert page.count(js[:300]) == 1 and "<title>t&lt;i&gt;</title>" in page

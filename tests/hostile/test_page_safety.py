@@ -93,7 +93,7 @@ def test_no_payload_verbatim_and_the_json_reads_back(pages):
         f"fig-{i}" for i in range(1, html.count('class="plotly-graph-div"') + 1)]
     block = re.search(r'<script type="application/json" id="corpus-data">(.*?)</script>', html, re.S).group(1)
     doc = json.loads(block)
-    shares = pd.DataFrame(doc["tables"]["label_shares"])
+    shares = pd.DataFrame(doc["tables"]["label_shares"]["data"], columns=doc["tables"]["label_shares"]["columns"])
     assert set(shares["label_column"]) == set(LABELS)
     assert set(shares["label_value"]) == set(PAYLOADS)
     assert doc["meta"]["a"]["model"] == "ck<svg onload=__ran(11)>"
