@@ -233,6 +233,10 @@ def judge_convergence(deltas: Mapping[int, float], total: float) -> str | None:
 
 # --- path attribution (ablation, Shapley) ------------------------------------------------------
 
+class Stopped(Exception):
+    """An attribution stopped on request before it finished (nothing is kept of it)."""
+
+
 class PathAttribution:
     """Contribution of routing options (paths, blocks, experts, streams, pathways) to one
     next-token log-prob, by exact ablation or Shapley value sampling over option masks."""
@@ -281,10 +285,13 @@ class PathAttribution:
 
     def attribute(self, input_ids: Any, target_position: int | None = None, target_token: int | None = None, *,
                   method: str = "ablation", scope: str = "layer", n_samples: int = 25, seed: int = 0,
-                  routing: str = "deterministic") -> pd.DataFrame:
+                  routing: str = "deterministic", progress: Callable[[int, int], None] | None = None,
+                  stop: Callable[[], bool] | None = None) -> pd.DataFrame:
         """One row per feature: layer ("*" for global scope), option, method, contribution to
         log p(target_token) at target_position, the full model's log-prob, and the reference
-        log-prob (ablation: without the option; shapley: the all-masked baseline)."""
+        log-prob (ablation: without the option; shapley: the all-masked baseline). Exact ablation
+        calls `progress(done, total)` after each forward and raises `Stopped` as soon as `stop()`
+        is true (thousands of experts: one forward each)."""
         from captum.attr import ShapleyValueSampling
 
         if method not in METHODS:
@@ -297,7 +304,13 @@ class PathAttribution:
         f = self._objective(ids, p, token, routing, seed, feats)
         full = f([True] * len(feats))
         if method == "ablation":
-            ref = [f([j != i for j in range(len(feats))]) for i in range(len(feats))]
+            ref = []
+            for i in range(len(feats)):
+                if stop is not None and stop():
+                    raise Stopped(f"stopped after {i} of {len(feats)} ablations")
+                ref.append(f([j != i for j in range(len(feats))]))
+                if progress is not None:
+                    progress(i + 1, len(feats))
             contrib = [full - r for r in ref]
         else:
             if n_samples < 1:

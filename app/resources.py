@@ -105,10 +105,28 @@ def token_attribution(path: str, mtime: float, ids: tuple[int, ...], position: i
     return TokenAttribution(model).attribute(list(ids), position, token, n_steps=n_steps)
 
 
-@st.cache_resource(max_entries=64, show_spinner="Attributing to paths…")
-def path_attribution(path: str, mtime: float, ids: tuple[int, ...], position: int, token: int, method: str):
-    model, _ = load(path, mtime)
-    return PathAttribution(model).attribute(list(ids), position, token, method=method)
+@st.cache_resource(show_spinner=False)
+def _path_attributions() -> dict:
+    """Finished path attributions by (checkpoint, mtime, ids, position, token, method), shared by every
+    session (the newest PATH_ATTRIBUTIONS kept): computed outside st.cache so a long one can report
+    progress and be stopped, and a stopped one is never cached."""
+    return {}
+
+
+PATH_ATTRIBUTIONS = 64
+
+
+def path_attribution(path: str, mtime: float, ids: tuple[int, ...], position: int, token: int, method: str,
+                     progress=None, stop=None):
+    key = (path, mtime, ids, position, token, method)
+    done = _path_attributions()
+    if key not in done:
+        model, _ = load(path, mtime)
+        df = PathAttribution(model).attribute(list(ids), position, token, method=method, progress=progress, stop=stop)
+        while len(done) >= PATH_ATTRIBUTIONS:
+            done.pop(next(iter(done)))
+        done[key] = df
+    return done[key]
 
 
 @st.cache_resource(max_entries=32, show_spinner="Routing the probe prompts…")

@@ -35,7 +35,7 @@ from benchmarks import common as C
 SHAPE = dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_attention_heads=16,
              num_key_value_heads=16, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
              max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=0, pad_token_id=1)
-TOKENS, CORPUS_BATCHES, CORPUS_ROWS = 64, 8, 4
+TOKENS, CORPUS_BATCHES, CORPUS_ROWS = 64, 2, 4
 
 
 class AnonPeak:

@@ -1,6 +1,8 @@
 """Attribution view: input-token attribution (integrated gradients) and path attribution."""
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import streamlit as st
 
@@ -45,12 +47,30 @@ def _integrated_gradients(path: str, mtime: float, key: tuple, shown: list[str],
                        "text/html", key="dl_ig_chart", on_click="ignore")
 
 
+TOP_PATHS = 40  # bars on the path-attribution chart; the table has every option
+
+
 def _paths(model, path: str, mtime: float, key: tuple, method: str) -> None:
-    df = by_size(resources.path_attribution(path, mtime, *key, method))  # largest |effect| first
+    n = sum(model.routing_layers().values())
+    bar, t0 = (st.progress(0.0, text=f"Ablating {n:,} options, one forward each…") if method == "ablation" and n > 64
+               else None), time.perf_counter()
+
+    def progress(done: int, total: int) -> None:  # a widget click reruns the page, which stops this run
+        if bar is not None and (done == total or done % 8 == 0):
+            left = (time.perf_counter() - t0) / done * (total - done)
+            bar.progress(done / total, text=f"Ablated {done:,} of {total:,} options · about {left:.0f} s left "
+                                            "(any click on the page stops it)")
+
+    df = by_size(resources.path_attribution(path, mtime, *key, method, progress=progress))  # largest |effect| first
+    if bar is not None:
+        bar.empty()
     labels = model.option_labels()
     names = [f"{l} · {labels[l][o]}" if l in labels else f"{l}:{o}" for l, o in zip(df[C.LAYER], df[C.OPTION])]
-    st.plotly_chart(path_effects_figure(names, list(df[C.CONTRIBUTION]), f"Contribution to log p ({method}), "
-                                        f"largest |effect| on top"), key="path_attr_chart", width="stretch")
+    shown = min(len(df), TOP_PATHS)
+    title = (f"Contribution to log p ({method}), largest |effect| on top"
+             + (f": the top {shown} of {len(df):,} options (the table has every one)" if len(df) > shown else ""))
+    st.plotly_chart(path_effects_figure(names[:shown], list(df[C.CONTRIBUTION])[:shown], title),
+                    key="path_attr_chart", width="stretch")
     table = df.assign(**{"option name": names})
     st.dataframe(table[["option name", C.CONTRIBUTION, *[c for c in df.columns if c != C.CONTRIBUTION]]],
                  key="path_attr_table", width="stretch", hide_index=True)

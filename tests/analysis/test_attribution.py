@@ -1,6 +1,7 @@
 """Captum attributions: IG completeness, no hooks on the shared model, exact ablation, Shapley efficiency."""
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
@@ -137,3 +138,19 @@ def test_attribution_errors():
         TokenAttribution(model).attribute(IDS, baseline="mean")
     with pytest.raises(ValueError, match="method"):
         PathAttribution(tiny_model("pgpt")).attribute(IDS, method="lime")
+
+
+def test_exact_ablation_reports_progress_and_stops_on_request():
+    from routescope.analysis.attribution import Stopped
+
+    model = tiny_model("moep")
+    seen = []
+    df = PathAttribution(model).attribute(IDS, target_position=4, method="ablation",
+                                          progress=lambda done, total: seen.append((done, total)))
+    n = sum(model.routing_layers().values())
+    assert seen == [(i, n) for i in range(1, n + 1)]
+    pd.testing.assert_frame_equal(df, PathAttribution(model).attribute(IDS, target_position=4, method="ablation"))
+    calls = []
+    with pytest.raises(Stopped, match=f"stopped after 3 of {n} ablations"):
+        PathAttribution(model).attribute(IDS, target_position=4, method="ablation",
+                                         stop=lambda: calls.append(1) or len(calls) > 3)
