@@ -567,8 +567,8 @@ def expert_matrix_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | 
                         hovertemplate=f"{html.escape(layer)}<br>expert %{{y}} · pos %{{x}}: pick #%{{customdata}}<extra></extra>")
     _axis(fig, tokens, n_prompt)
     plot_px = max(240, min(720, 5 * tallest))
-    fig.update_layout(title=dict(text="Top-k routing: every expert's router probability per token (○ = picked; "
-                                      "the menu picks the layer)", y=1, yref="container", yanchor="top",
+    fig.update_layout(title=dict(text="Top-k routing: router probability per expert and token (○ picked)",
+                                 y=1, yref="container", yanchor="top",
                                  pad=dict(t=10)),
                       plot_bgcolor="white", margin=dict(t=100))
     fig.update_yaxes(title="expert", autorange="reversed", tickfont=dict(size=11))
