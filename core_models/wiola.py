@@ -32,8 +32,14 @@ output is copied back to every position of the group (eq. 32) and added to each 
 residual, h_t = x_t + A_t (eq. 3); DSFF then runs per token. Rows of a batch merge differently:
 merged rows are right-padded to the longest, and the padding groups (placed after every real
 group) cannot affect real ones under the causal mask. On in training, off at inference unless
-`atm_inference`; per call `forward(atm=..., atm_tau=...)` (None = these defaults). ATM leaks token
-t+1 into position t, so the model is causal only with ATM off. ATM and a KV cache exclude each
+`atm_inference`; per call `forward(atm=..., atm_tau=...)` (None = these defaults). This ATM leaks
+token t+1 into position t wherever they merge (the copy-back of eq. 32), so with it the model is
+not causal. Causal ATM (config `atm_causal`, per call `atm_causal=True`; not in the paper, a row of
+the README's deviations table): a merged pair sits at its last token, where its mean is the query
+and the key; its first token attends as if unmerged over the earlier keys and its own, which no
+other position reads (`wiola_parts.causal_merge`). The sequence keeps its length (the attention
+sites record every position), each position reads the summaries at its own token, and the attention
+scores shrink with the keys only: a saving of about mu, not eq. 33's mu (2 - mu). ATM and a KV cache exclude each
 other: `atm=True` with a cache raises ValueError (with atm=None the cache turns ATM off). Inside an
 ATM block the attention sites record merged groups ([batch, groups, ...], rows padded to the most
 groups; `blocks.{i}.atm.merge_map` maps back); every other site is full length.
