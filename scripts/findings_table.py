@@ -1,15 +1,20 @@
 """The findings table of checkpoints/README.md: for each paper's headline claim that can be tested at
 this scale, the claim (quoted, with its table or section), what the shipped checkpoints measure, and
-whether the claim holds here. Every number is measured here or read from a checkpoint's
-training.json; the verdict is computed from them by the rule its row states.
+whether the claim holds here, under the conditions the paper made it in (its method, its baseline,
+equal tokens or not). Every number is measured here or read from the training records the other
+tables render (each checkpoint's training.json, checkpoint_table.py; experiments/*.training.json;
+experiments/gumbel-routing.runs.json, whose runs table and parallel-quality.md's are rendered here
+too); the verdict is computed from them by the rule its row states, and a row whose verdict compares
+runs of unequal training tokens (over 10% apart) must give each one's count (`unstated_token_gaps`).
 
-    .venv/bin/python scripts/findings_table.py           # measure, write checkpoints/findings.json and the block
-    .venv/bin/python scripts/findings_table.py --check   # exit 1 if the block is not what findings.json renders
+    .venv/bin/python scripts/findings_table.py           # measure, write checkpoints/findings.json and the tables
+    .venv/bin/python scripts/findings_table.py --check   # exit 1 if a table is stale or a row hides a token gap
 
 Measured: validation losses on the trainer's fixed split (100 documents per domain, 256-token rows,
 nats per token), Table 6 routes at the last prompt token (analysis.domain, as the routes table), ATM
 merge ratios over the first 50 validation documents of each domain (analysis.routing.atm_summary),
-learned gates read from their sites. One timing (pgpt with one path dropped against both paths) is a
+the ATM leak apart (per-position losses on the first 32 validation rows per domain, split by whether
+the paper's ATM pairs a position with the token it predicts), learned gates read from their sites. One timing (pgpt with one path dropped against both paths) is a
 ratio of medians measured in one run on this machine; the tests re-measure everything else.
 """
 from __future__ import annotations
@@ -517,33 +522,112 @@ def render(m: dict[str, Any]) -> str:
     return "\n".join(lines + ["", END]) + "\n"
 
 
-def block_of(text: str) -> str | None:
-    if START not in text or END not in text:
+# --- the experiment notes' tables, rendered from the same records ---------------------------------
+
+def _p(x: float | None) -> str:
+    return "" if x is None else f"{x:.1%}"
+
+
+def render_gumbel_runs(rec: dict[str, Any]) -> str:
+    """The runs table of experiments/gumbel-routing.md."""
+    head = ("| run | recipe | steps | tokens | route supervision | val story | val math | T6 last: r1 / r2 / comb "
+            "| T6 last acc | T6 maj: comb / acc | held-out last: comb / acc | held-out maj: comb / acc | min |")
+    lines = [head, "|" + "---|" * 13]
+    for g in rec["gumbel_runs"]:
+        t6, t6m, hl, hm = g["table6_last"], g["table6_majority"], g["heldout_last"], g["heldout_majority"]
+        lines.append(f"| {g['run']} | `{g['recipe']}` | {g['steps']} | {g['tokens'] / 1e6:.2f}M "
+                     f"| {'yes' if g['route_supervision'] else 'no'} | {g['val']['story']:.3f} | {g['val']['math']:.3f} "
+                     f"| {_p(t6['route 1'])} / {_p(t6['route 2'])} / {_p(t6['combined'])} | {_p(t6['accuracy'])} "
+                     f"| {_p(t6m['combined'])} / {_p(t6m['accuracy'])} | {_p(hl['combined'])} / {_p(hl['accuracy'])} "
+                     f"| {_p(hm['combined'])} / {_p(hm['accuracy'])} | {g['minutes']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+QUALITY_RUNS = ("pgpt", "moep", "moep-swiglu", "wiola-tiny", "papaformer-share-linear", "papaformer-gumbel-v1",
+                "papaformer-gumbel-v2")
+
+
+def render_quality(rec: dict[str, Any]) -> str:
+    """The shipped parallel models against both llama-dense runs (experiments/parallel-quality.md)."""
+    r = rec["runs"]
+    base, equal = r["llama-dense"], r[EQUAL_TOKEN_RUN_NAME]
+    lines = [f"| checkpoint | steps | tokens | story | math | vs llama-dense (shipped: {base['steps']} steps, "
+             f"{base['tokens'] / 1e6:.2f}M tokens, dropout 0.1) | vs {EQUAL_TOKEN_RUN_NAME} ({equal['steps']} steps, "
+             f"{equal['tokens'] / 1e6:.2f}M tokens, no dropout) |", "|---|---|---|---|---|---|---|"]
+    for name in QUALITY_RUNS:
+        s = r[name]
+        ratio = s["tokens"] / equal["tokens"]
+        note = "" if abs(ratio - 1) <= TOKEN_GAP else f" ({ratio:.2f}x its tokens)"
+        lines.append(f"| {name} | {s['steps']} | {s['tokens'] / 1e6:.2f}M | {s['val']['story']:.3f} "
+                     f"| {s['val']['math']:.3f} | {_gap(s['val'], base['val'])} ({s['tokens'] / base['tokens']:.2f}x its "
+                     f"tokens) | {_gap(s['val'], equal['val'])}{note} |")
+    return "\n".join(lines) + "\n"
+
+
+NOTE_BLOCKS = {"experiments/gumbel-routing.md": ("runs", render_gumbel_runs),
+               "experiments/parallel-quality.md": ("quality", render_quality)}
+
+
+# --- files -----------------------------------------------------------------------------------------
+
+def block_of(text: str, start: str = START, end: str = END) -> str | None:
+    if start not in text or end not in text:
         return None
-    i, j = text.index(START), text.index(END) + len(END)
+    i, j = text.index(start), text.index(end) + len(end)
     return text[i:j] + ("\n" if text[j:j + 1] == "\n" else "")
 
 
-def with_block(text: str, block: str) -> str:
-    old = block_of(text)
+def with_block(text: str, block: str, start: str = START, end: str = END) -> str:
+    old = block_of(text, start, end)
     return text.replace(old, block) if old else text.rstrip("\n") + "\n\n" + block
+
+
+def note_block(tag: str, body: str) -> tuple[str, str, str]:
+    start, end = f"<!-- {tag}:start -->", f"<!-- {tag}:end -->"
+    return start, end, f"{start}\n\n{body}\n{end}\n"
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """What --check finds wrong: findings.json's records differ from the files, the README block
+    is not what findings.json renders, a note's table is not what the records render, or a row
+    compares runs of unequal tokens without saying so."""
+    problems = []
+    m, rec = json.loads((root / FINDINGS).read_text()), records(root)
+    if {k: m.get(k) for k in rec} != json.loads(json.dumps(rec)):
+        problems.append(f"{root / FINDINGS}: its training records differ from the files; run scripts/findings_table.py")
+    readme = root / "README.md"
+    if block_of(readme.read_text() if readme.is_file() else "") != render(m):
+        problems.append(f"{readme}: the findings table is stale; run scripts/findings_table.py")
+    for note, (tag, draw) in NOTE_BLOCKS.items():
+        start, end, block = note_block(tag, draw(rec))
+        if block_of((root / note).read_text(), start, end) != block:
+            problems.append(f"{root / note}: the {tag} table is stale; run scripts/findings_table.py")
+    problems += [f"findings row states no token counts for runs of unequal tokens: {c[:80]}"
+                 for c in unstated_token_gaps(rows(m), m)]
+    return problems
 
 
 def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    readme = root / "README.md"
-    text = readme.read_text() if readme.is_file() else ""
     if "--check" in argv:
-        m = json.loads((root / FINDINGS).read_text())
-        if block_of(text) != render(m):
-            sys.stderr.write(f"{readme}: the findings table is stale; run scripts/findings_table.py\n")
-            return 1
-        return 0
+        problems = stale(root)
+        sys.stderr.write("".join(p + "\n" for p in problems))
+        return 1 if problems else 0
     m = measure(root)
     (root / FINDINGS).write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
-    readme.write_text(with_block(text, render(m)))
+    write_blocks(root, m)
     sys.stdout.write(render(m))
     return 0
+
+
+def write_blocks(root: Path, m: dict[str, Any]) -> None:
+    """The README block from m, the notes' tables from the records."""
+    readme = root / "README.md"
+    readme.write_text(with_block(readme.read_text() if readme.is_file() else "", render(m)))
+    rec = records(root)
+    for note, (tag, draw) in NOTE_BLOCKS.items():
+        start, end, block = note_block(tag, draw(rec))
+        (root / note).write_text(with_block((root / note).read_text(), block, start, end))
 
 
 if __name__ == "__main__":
