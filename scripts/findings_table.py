@@ -373,7 +373,7 @@ def rows(m: dict[str, Any]) -> list[Finding]:
         "the reference's N(0, 0.02) combiner start (§3.3, §4.1); routes of the paper's 20 probes (Table 6)",
         f"trained the paper's way (experiments/gumbel-routing.md runs {', '.join(g['run'].split('-')[0] for g in free)}: "
         f"no route supervision, N(0, 0.02) start): Table 6 accuracy {_pct(min(free_acc))}-{_pct(max(free_acc))}. "
-        "Shipped, after a supervised warm-up: " + "; ".join(f"{n.split('-', 1)[1]} {shares(n, 'ours')}" for n in names),
+        "Shipped, after the domain-route warm-up (Gumbel routers supervised by it): " + "; ".join(f"{n.split('-', 1)[1]} {shares(n, 'ours')}" for n in names),
         _yes(max(free_acc) <= bound),
         f"holds under the paper's training; our supervised warm-up changes it. Holds if no Gumbel run trained the "
         f"paper's way routes the probes more accurately than the paper's best Gumbel model ({_pct(paper_best)}) by "
