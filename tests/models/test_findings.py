@@ -99,7 +99,8 @@ def test_check_fails_on_an_unstated_token_gap(monkeypatch):
 def test_training_summaries_are_the_shipped_ones():
     m = stored()
     for name, run in m["runs"].items():
-        source = {"gpt2-dense-3": findings.DENSE_RUN, findings.EQUAL_TOKEN_RUN_NAME: findings.EQUAL_TOKEN_RUN}.get(name, name)
+        source = {"gpt2-dense-3": findings.DENSE_RUN, findings.EQUAL_TOKEN_RUN_NAME: findings.EQUAL_TOKEN_RUN,
+                  findings.CAUSAL_RUN_NAME: findings.CAUSAL_RUN}.get(name, name)
         assert run == json.loads(json.dumps(findings._summary(CK, source))), name
     assert m["gumbel_runs"] == json.loads((CK / findings.GUMBEL_RUNS).read_text())["runs"]
 
