@@ -6,7 +6,9 @@
   a forward with atm=True traced at the ATM sites over validation documents of each domain
   (routescope.corpora.corpus.validation_documents); analysis.routing.atm_summary gives the
   merge ratio mu and the attention-FLOP saving mu (2 - mu) per document and ATM layer, averaged
-  here. Compared with the paper's claim of a 5-9% saving.
+  here. The paper's 5-9% (§I contribution 3, §VIII-D, §XVI) is over the whole model (§VIII-D: 15-26%
+  per active layer on L/3 of the layers), so the goal compares the whole-model saving, per-layer
+  saving x ATM layers / layers: the basis of the findings table (checkpoints/README.md) too.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def child(payload: dict) -> dict:
             "peak_rss_mb": C.peak_rss_mb()}
 
 
-def atm_rates(args) -> tuple[C.Table, float, float]:
+def atm_rates(args) -> tuple[C.Table, float, float, str]:
     import pandas as pd
 
     from routescope.analysis import columns as COL
@@ -67,11 +69,15 @@ def atm_rates(args) -> tuple[C.Table, float, float]:
     saving = float(allf[COL.FLOP_SAVING].mean())
     t.add("both", str(2 * n_docs), float(allf[COL.N_TOKENS].mean()), C.fmt(float(allf[COL.MU].mean()), "%"),
           C.fmt(saving, "%"))
-    t.notes.append("averages over documents and ATM layers (one atm_summary row per document and layer); "
-                   f"paper: {PAPER_SAVING[0]:.0%}-{PAPER_SAVING[1]:.0%} attention-FLOP saving")
+    c = model.config
+    layers = f"{len(c.atm_layers)} ATM layers / {c.n_layers}"
+    whole = saving * len(c.atm_layers) / c.n_layers
+    t.notes.append("averages over documents and ATM layers (one atm_summary row per document and layer): the saving "
+                   f"per ATM layer; over the whole model (x {layers}): {whole:.2%}; paper: "
+                   f"{PAPER_SAVING[0]:.0%}-{PAPER_SAVING[1]:.0%} over the whole model")
     if source != "checkpoints/wiola-tiny":
         t.notes.append("random weights: merge rates mean nothing until checkpoints/wiola-tiny exists")
-    return t, saving, model.config.atm_tau
+    return t, whole, c.atm_tau, layers
 
 
 def atm_sweep(args) -> C.Table:
@@ -111,7 +117,8 @@ def atm_sweep(args) -> C.Table:
         with torch.inference_mode():
             s = C.interleaved({"off": lambda: model(longest, atm=False),
                                "on": lambda tau=tau: model(longest, atm=True, atm_tau=tau)}, C.reps(args, 20, 2))
-        if PAPER_SAVING[0] <= float(df[COL.FLOP_SAVING].mean()) <= PAPER_SAVING[1]:
+        share = len(model.config.atm_layers) / model.config.n_layers  # the paper's range is over the whole model
+        if PAPER_SAVING[0] <= float(df[COL.FLOP_SAVING].mean()) * share <= PAPER_SAVING[1]:
             in_range.append(tau)
         t.add(f"{tau:.2f}" + (" (the model's)" if tau == model.config.atm_tau else "")
               + (" (the paper's)" if tau == PAPER_TAU else ""),
@@ -120,8 +127,11 @@ def atm_sweep(args) -> C.Table:
     t.notes.append(f"ATM merges in blocks {list(model.config.atm_layers)}; forward times on the longest document "
                    f"({longest.shape[1]} tokens), medians of interleaved repetitions; the goal row stays at the "
                    "default tau, the model's own")
-    t.notes.append("tau giving the paper's 5-9% saving here: " + (", ".join(f"{x:.2f}" for x in in_range)
-                                                                  or "none of those swept"))
+    t.notes.append("tau giving the paper's 5-9% saving over the whole model here (the column x "
+                   f"{len(model.config.atm_layers)} ATM layers / {model.config.n_layers}): "
+                   + (", ".join(f"{x:.2f}" for x in in_range) or "none of those swept"))
+    t.notes.append("validation loss with the paper's ATM includes its leak: a position merged with the next token "
+                   "reads the token it predicts (eq. 32's copy-back; the findings table measures it apart)")
     return t
 
 
@@ -177,11 +187,11 @@ def run(args) -> C.Report:
         t.add(preset, f"{r['params']:,}", med, SEQ / med, r["rss_model_mb"], r["peak_rss_mb"])
     t.notes.append(f"{payload['reps']} timed forward(s) after {payload['warmup']} warm-up; no comparison, so no goal")
     rep.tables.append(t)
-    atm, saving, tau = atm_rates(args)
+    atm, saving, tau, layers = atm_rates(args)
     rep.tables += [atm, atm_cosines(args), atm_sweep(args)]
-    rep.goals.append(C.Goal("7.atm", "ATM attention-FLOP saving mu(2-mu) on wiola-tiny at its tau "
-                            f"({tau:g}; the paper's {PAPER_TAU:g}) vs the "
-                            "paper's 5-9%", "in",
+    rep.goals.append(C.Goal("7.atm", "ATM attention-FLOP saving over the whole model (mu(2-mu) per ATM layer x "
+                            f"{layers}) on wiola-tiny at its tau ({tau:g}; the paper's {PAPER_TAU:g}) vs the "
+                            "paper's whole-model 5-9% (§I, §VIII-D)", "in",
                             PAPER_SAVING, saving, unit="%", note="a comparison with the paper, not a speed goal"))
     return rep
 

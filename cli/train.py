@@ -26,6 +26,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--init-from", default=None)
     tr.add_argument("--set", action="append", default=[], help="config FIELD=VALUE, repeatable")
     tr.add_argument("--max-minutes", type=O.nonnegative_float, default=0.0, help="0: no time limit")
+    tr.add_argument("--stop-after", type=O.nonnegative_int, default=0, metavar="K",
+                    help="stop after K steps of the --steps schedule (0: all of them); unlike --max-minutes "
+                         "the same on every machine")
     tr.add_argument("--freeze", action="append", default=[], metavar="PATTERN",
                     help="parameter-name pattern (fnmatch, e.g. 'parallel.*.paths.*') frozen for the first "
                          "--freeze-for steps (router warm-up), repeatable")
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     c = TrainConfig(preset=args.preset, overrides=parse_sets(args.set), data=parse_data(args.data),
                     steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                     min_lr=args.lr / 10, warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,
-                    init_from=args.init_from, max_minutes=args.max_minutes, freeze=tuple(args.freeze),
+                    init_from=args.init_from, max_minutes=args.max_minutes, stop_after=args.stop_after, freeze=tuple(args.freeze),
                     freeze_steps=args.freeze_for, tau_start=args.tau_start, tau_end=args.tau_end,
                     domain_routes=parse_domain_routes(args.domain_routes), domain_route_steps=args.domain_route_steps)
     tok = load_tokenizer_file(args.tokenizer)

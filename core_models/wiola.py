@@ -32,8 +32,14 @@ output is copied back to every position of the group (eq. 32) and added to each 
 residual, h_t = x_t + A_t (eq. 3); DSFF then runs per token. Rows of a batch merge differently:
 merged rows are right-padded to the longest, and the padding groups (placed after every real
 group) cannot affect real ones under the causal mask. On in training, off at inference unless
-`atm_inference`; per call `forward(atm=..., atm_tau=...)` (None = these defaults). ATM leaks token
-t+1 into position t, so the model is causal only with ATM off. ATM and a KV cache exclude each
+`atm_inference`; per call `forward(atm=..., atm_tau=...)` (None = these defaults). This ATM leaks
+token t+1 into position t wherever they merge (the copy-back of eq. 32), so with it the model is
+not causal. Causal ATM (config `atm_causal`, per call `atm_causal=True`; not in the paper, a row of
+the README's deviations table): a merged pair sits at its last token, where its mean is the query
+and the key; its first token attends as if unmerged over the earlier keys and its own, which no
+other position reads (`wiola_parts.causal_merge`). The sequence keeps its length (the attention
+sites record every position), each position reads the summaries at its own token, and the attention
+scores shrink with the keys only: a saving of about mu, not eq. 33's mu (2 - mu). ATM and a KV cache exclude each
 other: `atm=True` with a cache raises ValueError (with atm=None the cache turns ATM off). Inside an
 ATM block the attention sites record merged groups ([batch, groups, ...], rows padded to the most
 groups; `blocks.{i}.atm.merge_map` maps back); every other site is full length.
@@ -76,6 +82,7 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import registry, runtime
@@ -84,13 +91,14 @@ from .config import BaseConfig
 from .layers import Attention, BlockSpec, attend, init_weights
 from .runtime import KVCache
 from .sites import Site
-from .wiola_parts import (SRPE, DualStreamFFN, TokenMerger, WiolaRMSNorm, first_positions, last_positions,
-                          merge_groups, restore_groups, take_positions)
+from .wiola_parts import (SRPE, DualStreamFFN, TokenMerger, WiolaRMSNorm, causal_merge, first_positions,
+                          last_positions, merge_groups, restore_groups, take_positions)
 
 
-# per-call options (forward(atm=..., atm_tau=...), model.run_options())
+# per-call options (forward(atm=..., atm_tau=..., atm_causal=...), model.run_options())
 ATM = "atm"
 ATM_TAU = "atm_tau"
+ATM_CAUSAL = "atm_causal"
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,9 @@ class WiolaConfig(BaseConfig):
     gcla_phi_init: float = -3.0  # beta = sigmoid(phi) starts at sigmoid(-3) ~ 0.047
     atm_tau: float = 0.92  # merge adjacent tokens when cos > tau
     atm_inference: bool = False  # merge at inference by default (training always merges)
+    # False: the paper's ATM (a merged pair's attention output copied back to both tokens, eq. 32, so
+    # the first token reads the second); True: causal ATM, a pair sits at its last token (causal_merge)
+    atm_causal: bool = False
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
 
@@ -160,9 +171,10 @@ class WiolaAttention(Attention):
         super().__init__(replace(c.spec(), attn_out_proj=False))
         self.srpe = SRPE(c.head_dim, c.context, c.srpe_k, c.srpe_a, c.srpe_f)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor,
-                pad_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        # x: (B, T, d); positions: (B or 1, T) absolute positions
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, pad_mask: torch.Tensor | None,
+                keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: (B, T, d); positions: (B or 1, T) absolute positions; keys: (B, T, T) bool, which keys
+        # each query may read (causal ATM; no cache), instead of the causal mask
         B, T, _ = x.shape
         cache = runtime.current().cache
         start = cache.pos if cache is not None else 0
@@ -172,7 +184,13 @@ class WiolaAttention(Attention):
         v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
         if cache is not None:
             k, v = cache.append(self.layer_id, k, v, self.context)
-        return attend(q, k, v, start, pad_mask).transpose(1, 2), q.transpose(1, 2)  # (B, T, H, hd) each
+        if keys is None:
+            o = attend(q, k, v, start, pad_mask)
+        else:
+            allowed = keys if pad_mask is None else keys & ~pad_mask[:, None, :]  # padding masked as keys only
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None],
+                                               enable_gqa=self.n_kv != self.n_heads)
+        return o.transpose(1, 2), q.transpose(1, 2)  # (B, T, H, hd) each
 
 
 class CrossLayerAttention(nn.Module):
@@ -219,9 +237,9 @@ class GatedCrossLayerAttention(nn.Module):
                               ) if has_cross else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
-                pad_mask: torch.Tensor | None) -> torch.Tensor:
+                pad_mask: torch.Tensor | None, keys: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        o, q = self.self_attn(x, positions, pad_mask)  # (B, T, H, hd) each
+        o, q = self.self_attn(x, positions, pad_mask, keys)  # (B, T, H, hd) each
         o = self.self_out(o)
         if self.cross is not None and summaries is not None:
             beta = self.gcla_beta(torch.sigmoid(self.phi))  # ()
@@ -246,19 +264,24 @@ class WiolaBlock(nn.Module):
                             "positions 0..pos") if c.gcla_lambda > 0 and i < c.n_layers - 1 else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
-                pad_mask: torch.Tensor | None, atm_tau: float | None) -> torch.Tensor:
-        h = x + self.attn_out(self._attend(self.norm_1(x), positions, summaries, pad_mask, atm_tau))  # (B, T, d)
+                pad_mask: torch.Tensor | None, atm_tau: float | None, atm_causal: bool = False) -> torch.Tensor:
+        h = x + self.attn_out(self._attend(self.norm_1(x), positions, summaries, pad_mask, atm_tau,
+                                           atm_causal))  # (B, T, d)
         return self.out(h + self.dsff(self.norm_2(h)))  # FFN per token, also in ATM blocks
 
     def _attend(self, n: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
-                pad_mask: torch.Tensor | None, atm_tau: float | None) -> torch.Tensor:
+                pad_mask: torch.Tensor | None, atm_tau: float | None, atm_causal: bool) -> torch.Tensor:
         """GCLA of the normalised block input n (B, T, d). In an ATM block it runs on the merged
         sequence (eq. 31: a pair's mean) and each group's output is restored to all its positions
         (eq. 32); the caller adds it to every token's own residual (eq. 3), so merging never
-        overwrites a residual."""
+        overwrites a residual. Causal ATM instead keeps the full length: a pair's mean is the query
+        and key at its last token, its first token attends as if unmerged (`causal_merge`)."""
         if self.atm is None or atm_tau is None:
             return self.attn(n, positions, summaries, pad_mask)
         groups = self.atm(n, atm_tau)  # (B, T) group of each position
+        if atm_causal:
+            z, keys = causal_merge(n, groups)
+            return self.attn(z, positions, summaries, pad_mask, keys)  # summaries at each token's own t
         G = int(groups.max()) + 1  # longest merged row
         pad = None if pad_mask is None else merge_groups(pad_mask.to(n.dtype), groups, G) == 1  # all of it padding
         # a group reads the summaries at its last token, as in the authors' code
@@ -302,7 +325,15 @@ class Wiola(RouteScopeLM):
                        "or at inference when the config's atm_inference is set", bool, whole_sequence=True),
         RunOption(ATM_TAU, "cosine threshold above which adjacent tokens merge; default: the config's atm_tau", float,
                   0.0, 1.0, 0.01, label="ATM threshold tau", heading="Token merging (ATM)"),
+        RunOption(ATM_CAUSAL, "causal token merging: a merged pair sits at its last token, so no position reads a "
+                              "later token (the paper's ATM copies the pair's output back to its first token, which "
+                              "then reads the next one); default: the config's atm_causal", bool),
     )
+
+    def atm_is_causal(self) -> bool:
+        """Whether the call in progress merges causally (read only when ATM is on)."""
+        causal = runtime.current().options.get(ATM_CAUSAL)
+        return self.config.atm_causal if causal is None else bool(causal)
 
     def atm_threshold(self) -> float | None:
         """Merge threshold of the call in progress, or None when ATM is off for it."""
@@ -322,6 +353,7 @@ class Wiola(RouteScopeLM):
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         st, c = runtime.current(), self.config
         tau = self.atm_threshold()
+        causal = tau is not None and self.atm_is_causal()
         B, T = idx.shape
         start = st.cache.pos if st.cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)[None]  # (1, T)
@@ -329,7 +361,7 @@ class Wiola(RouteScopeLM):
         prev: list[torch.Tensor] = []  # summaries of the last Lambda block outputs, (B, T, d) each
         for block in self.blocks:
             summaries = torch.stack(prev, dim=2) if prev and block.attn.cross is not None else None  # (B, T, L, d)
-            x = block(x, positions, summaries, st.pad_mask, tau)
+            x = block(x, positions, summaries, st.pad_mask, tau, causal)
             if block.summary is not None:
                 prev = (prev + [block.summarise(x, st.cache, start)])[-c.gcla_lambda:]
         return self.head(self.norm(x)).float()  # (B, T, V)

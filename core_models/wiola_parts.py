@@ -122,6 +122,24 @@ def _group_position(groups: torch.Tensor, n_groups: int, reduce: str) -> torch.T
         1, groups, pos, reduce=reduce, include_self=False)
 
 
+def causal_merge(n: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal ATM: every merged pair sits at its last token. (B, T, d) input and (B, T) groups ->
+    z (B, T, d), z_t the mean of n over t's group up to t (the pair's mean at its second token, n_t
+    elsewhere), and keys (B, T, T) bool, query t may read key s: s <= t and s is not the first
+    token of a pair, or s = t. A pair's first token attends as if unmerged (its own key is visible
+    to it alone), so no position reads a later token, not even whether it merges with one."""
+    B, T = groups.shape
+    closes = torch.zeros(B, T, dtype=torch.bool, device=groups.device)
+    closes[:, 1:] = groups[:, 1:] == groups[:, :-1]  # t is the second token of a pair
+    opens = torch.zeros_like(closes)
+    opens[:, :-1] = closes[:, 1:]  # t is the first token of a pair
+    prev = torch.cat((n[:, :1], n[:, :-1]), dim=1)
+    z = torch.where(closes[..., None], (prev + n) / 2, n)  # (B, T, d)
+    causal = torch.ones(T, T, dtype=torch.bool, device=groups.device).tril()
+    keys = causal & (~opens[:, None, :] | torch.eye(T, dtype=torch.bool, device=groups.device))  # (B, T, T)
+    return z, keys
+
+
 class TokenMerger(nn.Module):
     """ATM decision for one block (Sec. VIII): adjacent cosines of the attention input (the
     normalised block input, as in the authors' code) and the greedy merge map.

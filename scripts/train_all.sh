@@ -20,8 +20,10 @@ train() {  # name preset data steps [extra...]
   $RS train "$preset" --out "$OUT/$name" --data "$data" --steps "$n" "${common[@]}" "$@"
 }
 
-train path-story path story=1 700
-train path-math path math=1 700
+# step counts, never a wall-clock cap, so that the commands reproduce: the shipped path-math stopped at
+# step 686 of its 700-step schedule (on the 10-minute cap it ran with), --stop-after keeps that
+train path-story path story=1 700 --max-minutes 0
+train path-math path math=1 700 --max-minutes 0 --stop-after 686
 # PaPaformer: N = 3 parallel layers (the 3-layer paths), Share-Linear with the paper's k*d' -> d grow,
 # Gumbel aux terms on pi with the paper's signs. Routing recipe (checkpoints/experiments/gumbel-routing.md):
 # the Gumbel combiner starts as the reference's N(0, 0.02) init (a mean-of-paths start is a hedge the

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -64,6 +65,7 @@ class TrainConfig:
     seed: int = 0
     init_from: str | None = None  # checkpoint directory with the starting weights (compose output)
     max_minutes: float = 0.0  # > 0: stop early (at a step boundary) after this wall time
+    stop_after: int = 0  # > 0: stop after this many steps of the `steps`-step schedule (a reproducible cap)
     freeze: tuple[str, ...] = ()  # fnmatch patterns of parameter names frozen for the first freeze_steps
     freeze_steps: int = 0
     tau_start: float | None = None  # Gumbel temperature annealed tau_start -> tau_end (None: the model's)
@@ -84,6 +86,8 @@ class TrainConfig:
         for f in ("steps", "batch_size", "seq_len", "eval_every", "eval_docs"):
             if getattr(self, f) <= 0:
                 raise ValueError(f"TrainConfig.{f} = {getattr(self, f)}: must be > 0")
+        if not 0 <= self.stop_after <= self.steps:
+            raise ValueError(f"TrainConfig.stop_after = {self.stop_after}: must be within 0 .. steps ({self.steps})")
         if self.freeze_steps < 0 or (self.freeze_steps > 0) != bool(self.freeze):
             raise ValueError(f"TrainConfig.freeze_steps = {self.freeze_steps} with freeze = {list(self.freeze)}: "
                              "give both (patterns and a step count > 0) or neither")
@@ -284,7 +288,7 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
         elapsed = elapsed0 + time.perf_counter() - t0
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{meta['tokens'] / max(elapsed, 1e-9):.0f}")
-        last = step == c.steps or (c.max_minutes and elapsed > 60 * c.max_minutes)
+        last = step == c.steps or step == c.stop_after or (c.max_minutes and elapsed > 60 * c.max_minutes)
         if step % c.eval_every == 0 or last:
             losses = evaluate(model, val)
             aux = {f"train_aux_{k}": v.item() for k, v in res.aux.items()}  # unweighted routing terms
@@ -303,9 +307,11 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
                "val_loss": final, "val_ppl": {d: math.exp(v) for d, v in final.items()},
                "params_total": model.num_params(), "params_active": model.active_params(),
                **({"format": model.checkpoint_format} if model.checkpoint_format else {}),
-               "train": asdict(c), "history": meta["history"], "command": command}
+               "train": asdict(c), "history": meta["history"], "command": command,
+               **({"init_command": init} if (init := _init_command(c.init_from)) else {})}
     model.eval()
-    save_checkpoint(model, out, tokenizer=tokenizer, card=model_card(out.name, summary))
+    save_checkpoint(model, out, tokenizer=tokenizer,
+                    card=model_card(out.name, summary, asdict(model.config), STORAGE, _machine()))
     (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     shutil.rmtree(state_dir, ignore_errors=True)
     return summary
@@ -322,8 +328,57 @@ def _init_note(init_from: str | None) -> str:
     return f"- initial weights: {text}\n" if text else ""
 
 
-def _recipe_lines(t: dict[str, Any]) -> str:
-    lines = [_init_note(t.get("init_from"))]
+STORAGE = "float16"  # save_checkpoint's storage dtype for the weights (training runs in float32)
+COMMAND_PREFIX = "command: "  # a line of compose's card: the command that made the starting checkpoint
+
+
+def _machine() -> str:
+    return f"{os.cpu_count()} CPU cores (torch {torch.__version__})"
+
+
+def _init_command(init_from: str | None) -> str | None:
+    """The command that made the starting checkpoint, from its card (compose writes it there)."""
+    card = Path(init_from) / "README.md" if init_from else None
+    if card is None or not card.is_file():
+        return None
+    return next((line[len(COMMAND_PREFIX):].strip("` ") for line in card.read_text(errors="replace").splitlines()
+                 if line.startswith(COMMAND_PREFIX)), None)
+
+
+def _model_lines(config: dict[str, Any]) -> str:
+    """What in the model's configuration changes training, as card lines: dropout, token merging."""
+    lines = []
+    if "ffn_dropout" in config:
+        p = config["ffn_dropout"]
+        lines.append(f"- dropout: {p:g} on every block's FFN output (training only)\n" if p else "- dropout: none\n")
+    if "atm_tau" in config:
+        n = config["n_layers"]
+        kind = ("causal ATM (a merged pair sits at its last token)" if config.get("atm_causal") else
+                "the paper's ATM (a merged pair's attention output copied back to both tokens, eq. 32: the first "
+                "reads the next token, so the model is not causal while ATM is on)")
+        lines.append(f"- token merging: on in training at tau = {config['atm_tau']:g} in blocks "
+                     f"{n // 3}-{2 * n // 3 - 1}, {kind}; off at evaluation and inference unless asked\n")
+    return "".join(lines)
+
+
+def _reproduce(s: dict[str, Any]) -> str:
+    """The commands that rebuild the checkpoint: compose first for a composition; a run that stopped on
+    its wall-clock cap is given with the step count it reached as the cap instead."""
+    t, command = s["train"], s["command"]
+    if s["steps"] < t["steps"] and "--max-minutes" in command:
+        command = re.sub(r"--max-minutes \S+", "--max-minutes 0", command)
+        command = re.sub(r"( --max-minutes 0)(.*)\1", r"\1\2", command)  # the flag given twice: once
+        command += f" --stop-after {s['steps']}"
+        note = (f"It stopped on its wall-clock cap (--max-minutes {t['max_minutes']:g}) after {s['steps']} of "
+                f"{t['steps']} steps; with that step count as the cap the command reproduces it:\n\n")
+    else:
+        note = ""
+    init = f"{s['init_command']}\n" if s.get("init_command") else ""
+    return f"{note}```\n{init}{command}\n```"
+
+
+def _recipe_lines(t: dict[str, Any], init_note: str | None = None) -> str:
+    lines = [_init_note(t.get("init_from")) if init_note is None else init_note]
     if t.get("freeze"):
         lines.append(f"- router warm-up: {', '.join(t['freeze'])} frozen for the first {t['freeze_steps']} steps\n")
     if t.get("domain_route_steps"):
@@ -337,7 +392,10 @@ def _recipe_lines(t: dict[str, Any]) -> str:
     return "".join(lines)
 
 
-def model_card(name: str, s: dict[str, Any]) -> str:
+def model_card(name: str, s: dict[str, Any], config: dict[str, Any] | None = None, storage: str = STORAGE,
+               machine: str | None = None, init_note: str | None = None) -> str:
+    """The card save_checkpoint writes beside the weights. `machine` and `init_note` (the starting
+    checkpoint's line) default to this machine and the starting checkpoint's card."""
     t = s["train"]
     data = ", ".join(f"{d} {w:.0%}" for d, w in t["data"].items())
     rows = "\n".join(f"| {d} | {s['val_loss'][d]:.4f} | {s['val_ppl'][d]:.2f} |" for d in s["val_loss"])
@@ -348,10 +406,11 @@ RouteScope checkpoint, preset `{s['preset']}`{' (initialised from ' + t['init_fr
 - data: synthetic corpora from `routescope.corpora.corpus` ({data}), seed {t['seed']}
 - steps: {s['steps']} (batch {t['batch_size']} x {t['seq_len']} tokens)
 - tokens seen: {s['tokens']:,}
-- wall time: {s['wall_seconds']:.0f} s on {os.cpu_count()} CPU cores (torch {torch.__version__})
+- wall time: {s['wall_seconds']:.0f} s on {machine or _machine()}
 - parameters: {s['params_total']:,} total, {s['params_active']:,} active per token
+- weights: stored in {storage} (model.safetensors); trained in float32
 - optimiser: AdamW (0.9, 0.95), weight decay {t['weight_decay']}, lr {t['lr']} -> {t['min_lr']} cosine, warm-up {t['warmup']}, clip {t['grad_clip']}
-{_recipe_lines(t)}
+{_model_lines(config or {})}{_recipe_lines(t, init_note)}
 ## Validation (fixed split, {t['eval_docs']} documents per domain)
 
 | domain | loss | perplexity |
@@ -360,7 +419,5 @@ RouteScope checkpoint, preset `{s['preset']}`{' (initialised from ' + t['init_fr
 
 ## Reproduce
 
-```
-{s['command']}
-```
+{_reproduce(s)}
 """

@@ -42,24 +42,67 @@ def close(a, b, rtol: float, where: str = "") -> None:
 
 
 def test_the_readme_block_is_what_findings_json_renders():
+    assert findings.stale(CK) == []
     assert findings.main(["--check"], root=CK) == 0
 
 
 def test_every_verdict_follows_from_the_numbers():
     rows = findings.rows(stored())
-    assert len(rows) >= 12 and {r[0] for r in rows} == {"PaPaformer", "MoEP", "ParallelGPT", "Wiola", "PAGMLP"}
-    assert all(r[3] in ("yes", "**no**") for r in rows)
-    m = stored()  # one verdict recomputed by hand: PAGMLP within 1% of its baseline?
+    assert len(rows) >= 14 and {r.paper for r in rows} == {"PaPaformer", "MoEP", "ParallelGPT", "Wiola", "PAGMLP"}
+    assert all(r.holds in ("yes", "**no**") and r.conditions for r in rows)
+    m = stored()  # verdicts recomputed by hand from the records
     pa, base = m["runs"]["pagmlp"]["val"], m["runs"]["llama-dense"]["val"]
     within = all(abs(pa[d] / base[d] - 1) <= 0.01 for d in ("story", "math"))
-    assert next(r for r in rows if "comparable performance" in r[1])[3] == ("yes" if within else "**no**")
+    assert next(r for r in rows if "comparable performance" in r.claim).holds == ("yes" if within else "**no**")
+    split = m["wiola"]["split"]  # the leak-free positions decide "without information loss"
+    no_loss = all(split[d]["paper_rest"] <= 1.01 * split[d]["off_rest"] for d in ("story", "math"))
+    assert next(r for r in rows if r.claim.startswith("ATM reduces")).holds == ("yes" if no_loss else "**no**")
+    sl, dense = m["runs"]["papaformer-share-linear"]["val"], m["runs"]["llama-dense-600"]["val"]
+    row = next(r for r in rows if "Parallel_Share_Linear" in r.claim)
+    assert "LLaMA_256" in row.claim and "llama-dense-600" in row.compared
+    if any(sl[d] >= dense[d] for d in ("story", "math")):
+        assert row.holds == "**no**"
+
+
+def test_the_leak_split_covers_every_position():
+    for d, s in stored()["wiola"]["split"].items():
+        assert 0 < s["merged"] < s["positions"] == findings.LEAK_ROWS * findings.SEQ_LEN, d
+        for variant in ("off", "paper", "causal"):  # all = the position-weighted mean of its two parts
+            parts = (s[f"{variant}_merged"] * s["merged"] + s[f"{variant}_rest"] * (s["positions"] - s["merged"]))
+            assert math.isclose(parts / s["positions"], s[f"{variant}_all"], rel_tol=LOSS_RTOL), (d, variant)
+
+
+def test_rows_state_the_token_counts_of_unequal_comparisons():
+    m = stored()
+    assert findings.unstated_token_gaps(findings.rows(m), m) == []
+    # the check itself: a verdict comparing pgpt (600 steps) with llama-dense (300) must name both counts
+    bare = findings.Finding("X", "claim", "paper's conditions", "ours", "yes", "rule", ("pgpt", "llama-dense"))
+    assert findings.unstated_token_gaps([bare], m) == ["claim"]
+    stated = findings.Finding("X", "claim", "c", "ours", "yes", findings.token_statement(m, "pgpt", "llama-dense"),
+                              ("pgpt", "llama-dense"))
+    assert findings.unstated_token_gaps([stated], m) == []
+    within = findings.Finding("X", "claim", "c", "ours", "yes", "rule", ("pgpt", "wiola-tiny"))  # equal tokens
+    assert findings.unstated_token_gaps([within], m) == []
+
+
+def test_check_fails_on_an_unstated_token_gap(monkeypatch):
+    real = findings.rows
+
+    def rows_hiding_tokens(m):
+        out = real(m)
+        return out + [findings.Finding("X", "a bare comparison", "c", "ours", "yes", "rule", ("moep", "llama-dense"))]
+
+    monkeypatch.setattr(findings, "rows", rows_hiding_tokens)
+    assert any("a bare comparison" in p for p in findings.stale(CK))
 
 
 def test_training_summaries_are_the_shipped_ones():
     m = stored()
     for name, run in m["runs"].items():
-        source = findings.DENSE_RUN if name == "gpt2-dense-3" else name
+        source = {"gpt2-dense-3": findings.DENSE_RUN, findings.EQUAL_TOKEN_RUN_NAME: findings.EQUAL_TOKEN_RUN,
+                  findings.CAUSAL_RUN_NAME: findings.CAUSAL_RUN}.get(name, name)
         assert run == json.loads(json.dumps(findings._summary(CK, source))), name
+    assert m["gumbel_runs"] == json.loads((CK / findings.GUMBEL_RUNS).read_text())["runs"]
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def test_a_family_option_given_to_another_family_says_so(key):
 
 def test_wiola_takes_its_options():
     model = tiny_model("wiola")
-    assert set(model.run_options()) == {"atm", "atm_tau"}
+    assert set(model.run_options()) == {"atm", "atm_tau", "atm_causal"}
     model(torch.randint(0, model.vocab_size, (1, 6)), atm=True, atm_tau=0.5)
     with pytest.raises(ValueError, match="gumbel_tau: not an option of wiola"):
         model(torch.randint(0, model.vocab_size, (1, 6)), gumbel_tau=0.5)

@@ -327,6 +327,86 @@ def test_atm_leaves_unmerged_tokens_untouched_by_merging(model):
     close_to_scale(on["blocks.2.out"][0, :first_merge], off["blocks.2.out"][0, :first_merge], "before the merge")
 
 
+@pytest.mark.parametrize("variant", ["off", "paper", "causal"])
+def test_atm_leaks_the_next_token_unless_off_or_causal(model, variant):
+    """The paper's ATM copies a merged pair's attention output back to both tokens (eq. 32), so
+    position t reads token t + 1: changing token t + 1 changes position t's logits exactly where t
+    opens a pair. With ATM off or causal, no position's logits depend on a later token."""
+    options = {"off": dict(atm=False), "paper": dict(atm=True, atm_tau=-1.0),  # tau -1: (0, 1), (2, 3), ... merge
+               "causal": dict(atm=True, atm_tau=-1.0, atm_causal=True)}[variant]
+    x = ids(1, 16, seed=3)
+    with torch.no_grad(), tracing(["blocks.2.atm.merge_map"]) as tr:
+        base = model(x, **options).logits
+    groups = tr["blocks.2.atm.merge_map"][0].tolist() if variant != "off" else list(range(16))
+    leaked = []
+    for t in range(15):
+        y = x.clone()
+        y[0, t + 1] = (y[0, t + 1] + 1) % TINY["vocab_size"]
+        with torch.no_grad():
+            changed = model(y, **options).logits
+        past, now = base[0, :t + 1], changed[0, :t + 1]
+        if (past - now).abs().max() > 1e-3 * past.abs().max():  # a leak moves logits by ~1%; rounding by ~1e-7
+            leaked.append(t)
+        else:
+            assert_close_to_scale(now, past, FORWARD_EPS, msg=f"{variant}: positions <= {t} vs token {t + 1}")
+    opens_pair = [t for t in range(15) if groups[t] == groups[t + 1]]
+    if variant == "paper":
+        assert opens_pair == list(range(0, 15, 2))  # the greedy scan pairs every even t with t + 1
+        assert leaked == opens_pair  # exactly the positions merged with their next token
+    else:
+        assert leaked == []
+
+
+def manual_causal_atm_attention(block, n: torch.Tensor, summaries: torch.Tensor | None,
+                                groups: list[int]) -> torch.Tensor:
+    """Causal ATM's attention for one row n (T, d), position by position: the query at t is the mean
+    of t's group up to t; it reads every earlier token that is not the first of a pair (those keys
+    are their pair's mean at its second token) and itself, as an ordinary causal attention over that
+    sub-sequence whose last element is t."""
+    T = n.shape[0]
+    opens = [t + 1 < T and groups[t] == groups[t + 1] for t in range(T)]
+    z = [(n[t - 1] + n[t]) / 2 if t > 0 and groups[t] == groups[t - 1] else n[t] for t in range(T)]
+    out = []
+    for t in range(T):
+        seen = [s for s in range(t) if not opens[s]] + [t]
+        ctx = None if summaries is None else summaries[seen][None]
+        out.append(block.attn(torch.stack([z[s] for s in seen])[None], torch.tensor([seen]), ctx, None)[0, -1])
+    return torch.stack(out)
+
+
+def test_causal_atm_matches_a_loop(model):
+    B, T, tau = 2, 14, 0.0
+    with torch.no_grad(), tracing() as tr:
+        model(ids(B, T, seed=8), atm=True, atm_tau=tau, atm_causal=True)
+    lam, n_pairs = model.config.gcla_lambda, 0
+    for i in model.config.atm_layers:
+        block = model.blocks[i]
+        assert tr[f"blocks.{i}.attn.self_out"].shape[1] == T  # full length: nothing is merged away
+        for b in range(B):
+            hidden = tr[f"blocks.{i}.atm.hidden"][b]
+            groups = loop_merge_map(hidden, tau)
+            assert tr[f"blocks.{i}.atm.merge_map"][b].tolist() == groups
+            n_pairs += T - len(set(groups))
+            prev = [tr[f"blocks.{j}.out"][b] for j in range(max(0, i - lam), i)]
+            summaries = torch.stack([loop_running_mean(o) for o in prev], dim=1) if prev else None
+            with torch.no_grad():
+                want = manual_causal_atm_attention(block, hidden, summaries, groups)
+            close_to_scale(tr[f"blocks.{i}.attn_out"][b], want, "causal ATM attention")
+    assert n_pairs > 0
+
+
+def test_causal_atm_is_a_config_choice_and_a_per_call_option(model):
+    x = ids(1, 12, seed=9)
+    torch.manual_seed(0)
+    causal_model = Wiola(WiolaConfig(**TINY, atm_causal=True)).eval()  # the fixture's weights, causal by default
+    with torch.no_grad():
+        by_config = causal_model(x, atm=True, atm_tau=0.0).logits
+        by_call = model(x, atm=True, atm_tau=0.0, atm_causal=True).logits
+        paper = causal_model(x, atm=True, atm_tau=0.0, atm_causal=False).logits
+    torch.testing.assert_close(by_config, by_call, rtol=0, atol=0)
+    assert (paper - by_config).abs().max() > 1e-3 * by_config.abs().max()
+
+
 def test_greedy_merge_map_matches_loop_on_random_cosines():
     g = torch.Generator().manual_seed(4)
     cos = torch.rand(5, 30, generator=g) * 2 - 1
@@ -351,7 +431,9 @@ def test_atm_without_merges_equals_atm_off(model):
     assert tr["blocks.2.atm.merge_map"].tolist() == [list(range(16))] * 2
     with torch.no_grad():
         off = model(x, atm=False).logits
+        causal = model(x, atm=True, atm_tau=1.0, atm_causal=True).logits
     assert_close_to_scale(on, off, FORWARD_EPS, msg="ATM with no merge vs ATM off")
+    assert_close_to_scale(causal, off, FORWARD_EPS, msg="causal ATM with no merge vs ATM off")
 
 
 def test_atm_defaults_on_in_training_only():

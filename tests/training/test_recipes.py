@@ -272,3 +272,52 @@ def test_route_target_loss_is_the_cross_entropy_of_the_logits_toward_the_targets
     assert math.isclose(out.aux_loss.item(), want_loss, rel_tol=1e-5)
     off, _ = _traced(tiny_model("gumbel_v2").train(), route_targets=targets)
     assert AUX_ROUTE not in off.aux  # off by default: the paper's routers are unsupervised
+
+
+# --- model cards ------------------------------------------------------------------------------------
+
+def test_stop_after_ends_a_longer_schedule_at_a_step_count(start, tok, tmp_path):
+    base = dict(preset="papaformer-gumbel-v1", batch_size=2, seq_len=16, eval_every=100, eval_docs=2, warmup=0,
+                init_from=str(start))  # no warm-up: the second step's rate already depends on the schedule's length
+    stopped = train(TrainConfig(steps=4, stop_after=2, **base), tok, tmp_path / "a", resume=False, progress=False)
+    short = train(TrainConfig(steps=2, **base), tok, tmp_path / "b", resume=False, progress=False)
+    assert stopped["steps"] == short["steps"] == 2 and stopped["train"]["steps"] == 4
+    a, b = (dict(load_checkpoint(tmp_path / d)[0].named_parameters()) for d in ("a", "b"))
+    # the same two batches under another learning-rate schedule (2 of 4 steps vs all of 2): other weights
+    assert any(not torch.equal(a[n], b[n]) for n in a)
+    with pytest.raises(ValueError, match="stop_after"):
+        TrainConfig(steps=4, stop_after=5, **base)
+
+
+def test_card_reproduces_a_wall_clock_stop_by_steps_and_a_composition_by_its_command():
+    from routescope.core_models.training.trainer import model_card
+
+    t = dict(TrainConfig(preset="path", steps=700, max_minutes=10).__dict__, data={"math": 1.0})
+    s = {"preset": "path", "steps": 686, "tokens": 1, "wall_seconds": 1.0, "val_loss": {"math": 0.4},
+         "val_ppl": {"math": 1.5}, "params_total": 1, "params_active": 1, "train": t,
+         "command": "routescope train path --steps 700 --max-minutes 10 --quiet --max-minutes 10",
+         "init_command": "routescope compose --paths a b --combiner gumbel_v1 --combiner-init normal --out c"}
+    card = model_card("path-math", s, {"ffn_dropout": 0.1, "atm_tau": 0.6, "n_layers": 6}, "float16")
+    block = card[card.index("## Reproduce"):]
+    assert "after 686 of 700 steps" in block
+    assert block.index("routescope compose") < block.index(
+        "routescope train path --steps 700 --max-minutes 0 --quiet --stop-after 686\n")
+    assert "--max-minutes 10" not in block.split("```")[1]
+    assert "- weights: stored in float16" in card and "- dropout: 0.1 on every block's FFN output" in card
+    assert "- token merging: on in training at tau = 0.6 in blocks 2-3, the paper's ATM" in card
+
+
+def test_the_trainer_takes_the_compose_command_from_the_starting_card(tmp_path):
+    import argparse
+
+    from routescope.cli.compose import compose_command
+    from routescope.core_models.training.trainer import _init_command
+
+    args = argparse.Namespace(paths=["p s", "q"], combiner="share_linear", combiner_init="normal", n_large_pre=1,
+                              n_large_post=2, seed=0, out="o")
+    cmd = compose_command(args)
+    assert cmd == ("routescope compose --paths 'p s' q --combiner share_linear --combiner-init normal "
+                   "--n-large-post 2 --out o")
+    (tmp_path / "README.md").write_text(f"# composed\n\nUntrained composition.\n\ncommand: `{cmd}`\n")
+    assert _init_command(str(tmp_path)) == cmd
+    assert _init_command(None) is None
