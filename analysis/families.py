@@ -40,7 +40,7 @@ import torch
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.runtime import Ablation, Trace, tracing
 from routescope.core_models.sites import CHOICE, INDICES, PROBS, WEIGHTS, site_name
-from routescope.core_models.wiola import ATM, ATM_TAU
+from routescope.core_models.wiola import ATM, ATM_CAUSAL, ATM_TAU
 
 from . import columns as C
 from . import routing as R
@@ -350,6 +350,9 @@ def pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews
 
 # --- Wiola --------------------------------------------------------------------------------------
 
+NON_CAUSAL_ATM = ("Token merging here is the paper's ATM, which is not causal: a merged pair's output is copied back "
+                  "to its first token, so that position reads the next token (README deviations; atm_causal=True "
+                  "merges causally).")
 TOKEN_MERGING = ATM  # the run option that turns Wiola's token merging (ATM) on
 
 
@@ -368,6 +371,9 @@ def wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = Non
     if second is not None:
         atm, atm_summary = R.atm_merges(second, tau=tau), R.atm_summary(second, tau=tau)
         atm = atm if len(atm) else None
+        causal = options.get(ATM_CAUSAL, model.config.atm_causal)
+        if atm is not None and not causal:  # said under the view (the Routing view shows frames' notes)
+            atm.attrs["notes"] = [*atm.attrs.get("notes", []), NON_CAUSAL_ATM]
     used = {"tau": model.config.atm_tau if tau is None else tau}
     return views_of(("dsff_gate", R.dsff_gates(trace), FAMILY), ("gcla_beta", R.gcla_betas(trace), FAMILY),
                     ("atm_merges", atm, FAMILY, used), ("atm_summary", atm_summary, "table", used))

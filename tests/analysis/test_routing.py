@@ -391,3 +391,15 @@ def test_every_role_names_a_site_the_forward_records(key):
                 assert site in model.sites and site in tr, (layer, role, site)
         if key.startswith("moep"):  # every MoEP layer routes top-k
             assert {LOGITS, PROBS, INDICES, WEIGHTS} <= set(m.roles)
+
+
+def test_the_merge_view_says_when_token_merging_is_not_causal():
+    from routescope.analysis import families as A
+
+    model = tiny_model("wiola")
+    x = ids(1, 12)
+    for options, said in (({"atm_tau": -1.0}, True), ({"atm_tau": -1.0, "atm_causal": True}, False)):
+        second = A.wiola_merge_pass(model, x[0].tolist(), Ablation(), options)
+        views = A.wiola_views(run(model, x), model, second=second, options=options)
+        notes = views["atm_merges"].frame.attrs.get("notes", [])
+        assert (A.NON_CAUSAL_ATM in notes) is said
