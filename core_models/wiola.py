@@ -324,7 +324,7 @@ class Wiola(RouteScopeLM):
         RunOption(ATM, "merge similar adjacent tokens for attention (adaptive token merging); default: while training, "
                        "or at inference when the config's atm_inference is set", bool, whole_sequence=True),
         RunOption(ATM_TAU, "cosine threshold above which adjacent tokens merge; default: the config's atm_tau", float,
-                  0.0, 1.0, 0.01, label="ATM threshold tau", heading="Token merging (ATM)"),
+                  -1.0, 1.0, 0.01, label="ATM threshold tau", heading="Token merging (ATM)"),  # a cosine: -1 merges all
         RunOption(ATM_CAUSAL, "causal token merging: a merged pair sits at its last token, so no position reads a "
                               "later token (the paper's ATM copies the pair's output back to its first token, which "
                               "then reads the next one); default: the config's atm_causal", bool),

@@ -95,7 +95,7 @@ def test_export_run_options_are_the_models_own(cli, checkpoint, tmp_path):
     """--option values are checked against what the family's model declares, in its kind and range,
     before any prompt runs; a tau of 1.0 merges nothing, one below every cosine merges every pair."""
     ck = checkpoint("wiola")
-    with pytest.raises(ValueError, match=r"option atm_tau = '2': expected a number in \[0.0, 1.0\]"):
+    with pytest.raises(ValueError, match=r"option atm_tau = '2': expected a number in \[-1.0, 1.0\]"):
         cli(["export", ck, "--prompt", "hi", "--out", tmp_path / "x.csv", "--option", "atm_tau=2"])
     with pytest.raises(ValueError, match="option atm = 'maybe': expected true or false"):
         cli(["export", ck, "--prompt", "hi", "--out", tmp_path / "x.csv", "--option", "atm=maybe"])
