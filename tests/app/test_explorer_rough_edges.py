@@ -16,26 +16,12 @@ from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
 from routescope.app import state as K
 from routescope.core_models import tracing
 from routescope.core_models.checkpoint import load_checkpoint
+from app_driver import fresh, pick, view
 
-APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 CHECKPOINTS = {c.name: c for c in list_checkpoints(checkpoint_roots()) if c.problem is None}
 
 
-def fresh() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    return at
 
-
-def pick(at: AppTest, name: str) -> AppTest:
-    box = at.selectbox(key=K.CHECKPOINT)
-    box.set_value(next(p for p in box.options if Path(p).name == name)).run()
-    return at
-
-
-def view(at: AppTest, name: str) -> AppTest:
-    at.segmented_control(key=K.VIEW).set_value(name).run()
-    return at
 
 
 def scope(at: AppTest) -> str:

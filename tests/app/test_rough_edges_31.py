@@ -26,8 +26,8 @@ from routescope.app.components.figures import (DIVIDER, NEGATIVE, POSITIVE, TOKE
                                                path_effects_figure, stacked_choice_heatmaps, titled_for_export,
                                                token_label)
 from routescope.app.components.route_grid import route_grid_html
+from app_driver import fresh, pick, view
 
-APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 CK = Path(__file__).resolve().parents[2] / "checkpoints"
 
 
@@ -191,21 +191,7 @@ def test_co_routing_titles_fit_their_panels(n_layers):
 
 # --- AppTest ------------------------------------------------------------------------------------------
 
-def fresh() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    return at
 
-
-def pick(at: AppTest, name: str) -> AppTest:
-    box = at.selectbox(key=K.CHECKPOINT)
-    box.set_value(next(p for p in box.options if Path(p).name == name)).run()
-    return at
-
-
-def view(at: AppTest, name: str) -> AppTest:
-    at.segmented_control(key=K.VIEW).set_value(name).run()
-    return at
 
 
 def prompt(at: AppTest, text: str) -> AppTest:
