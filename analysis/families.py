@@ -353,7 +353,6 @@ def pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews
 NON_CAUSAL_ATM = ("Token merging here is the paper's ATM, which is not causal: a merged pair's output is copied back "
                   "to its first token, so that position reads the next token (README deviations; atm_causal=True "
                   "merges causally).")
-TOKEN_MERGING = ATM  # the run option that turns Wiola's token merging (ATM) on
 
 
 def wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, options: Mapping[str, Any]) -> Trace:

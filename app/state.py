@@ -33,7 +33,7 @@ _ABLATION = "ablate::"
 
 
 def run_option_key(option: str) -> str:
-    """The widget of a family run option the sidebar offers (`FamilyAnalysis.controls`)."""
+    """The widget of a family run option the sidebar offers (`RouteScopeLM.run_options()`)."""
     return f"run_option_{option}"
 
 
