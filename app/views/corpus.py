@@ -170,24 +170,23 @@ def _downloads(result, tables: dict, compared: dict | None, other, why: str | No
     """Every file named by the dataset (and the checkpoints) it holds; Parquet files and corpus.json
     carry the provenance (checkpoints, weights digests, dataset digest, ablation, settings)."""
     meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
-    files = {f"{file_stem(result)}_{name}": df for name, df in tables.items()}
-    files |= {f"{file_stem(result, other)}_compare_{name}": df for name, df in (compared or {}).items()}
+    files = {name: (file_stem(result), df) for name, df in tables.items()}
+    files |= {f"compare_{name}": (file_stem(result, other), df) for name, df in (compared or {}).items()}
+    both = file_stem(result, other if compared else None)
     under = "" if result.ablation.is_empty else f" under {result.ablation.summary(2)}"
-    with st.expander(f"Download: {result.dataset} through {result.model}{under} (tables as CSV and Parquet, the "
-                     "view as one offline HTML page, the provenance as JSON)"):
+    with st.expander(f"Download the tables of {result.dataset} through {result.model}{under} (CSV, Parquet), the "
+                     "whole view (HTML, works offline) and its provenance (JSON)"):
         top = st.columns(2)
-        html_name = f"{file_stem(result, other if compared else None)}_corpus.html"
-        top[0].download_button(html_name, lambda: page(result, tables, labels, other=other, compared=compared,
-                                                       why_not=why),
-                               html_name, "text/html", key="dl_corpus_html", on_click="ignore")
-        json_name = f"{file_stem(result, other if compared else None)}_corpus.json"
-        top[1].download_button(json_name, json.dumps(meta, indent=1, ensure_ascii=False).encode("utf-8"), json_name,
-                               "application/json", key="dl_corpus_json", on_click="ignore")
+        top[0].download_button("corpus.html (this view as one page)",
+                               lambda: page(result, tables, labels, other=other, compared=compared, why_not=why),
+                               f"{both}_corpus.html", "text/html", key="dl_corpus_html", on_click="ignore")
+        top[1].download_button("corpus.json (provenance)", json.dumps(meta, indent=1, ensure_ascii=False).encode(),
+                               f"{both}_corpus.json", "application/json", key="dl_corpus_json", on_click="ignore")
         cols = st.columns(4)
-        for i, (name, df) in enumerate(files.items()):
+        for i, (name, (stem, df)) in enumerate(files.items()):
             for j, fmt in enumerate(("csv", "parquet")):
                 cols[(2 * i + j) % 4].download_button(  # bytes now (small tables): the page's one deferred file is HTML
-                    f"{name}.{fmt}", frame_bytes(df, fmt, meta), f"{name}.{fmt}",
+                    f"{name}.{fmt}", frame_bytes(df, fmt, meta), f"{stem}_{name}.{fmt}",
                     "text/csv" if fmt == "csv" else "application/octet-stream", key=f"dl_corpus_{name}_{fmt}",
                     on_click="ignore")
 
