@@ -158,13 +158,13 @@ def _searchable(model: RouteScopeLM, scope: str, layers: dict[str, int], labels)
                              format_func=lambda l: l + ("  •" if choices.get(l, ((), None)) != ((), None) else ""),
                              help="Type to search; a dot marks layers with choices of their own")
         n, (dropped, forced) = layers[layer], choices.get(layer, ((), None))
-        chosen = st.multiselect(f"Drop in {layer}", list(range(n)), default=[o for o in dropped if o < n],
+        chosen = st.multiselect("Drop in this layer", list(range(n)), default=[o for o in dropped if o < n],
                                 format_func=lambda j: labels[layer][j], key=K.drop_key(scope, layer),
                                 placeholder="Type to search options")
         route = AUTO
         if model.routing_modules[layer].can_force:
             options = [AUTO] + list(range(n))
-            route = st.selectbox(f"Force route in {layer}", options, index=0 if forced is None else forced + 1,
+            route = st.selectbox("Force route in this layer", options, index=0 if forced is None else forced + 1,
                                  key=K.force_key(scope, layer),
                                  format_func=lambda j: j if j == AUTO else labels[layer][j])
         choices[layer] = (tuple(chosen), None if route == AUTO else int(route))
@@ -179,7 +179,7 @@ def describe(ablation: Ablation, model: RouteScopeLM) -> str:
     """The ablation as its spec ("drop *:1") and in the layers' own words ("drop path 1")."""
     if ablation.is_empty:
         return "`none`"
-    if len(ablation.parts()) > 4:  # a long list: the summary, not one word per expert
+    if len(ablation.drop) + len(ablation.force) > 4:  # a long list: the summary, not one word per expert
         return f"`{ablation.summary()}`"
     labels = model.option_labels()
 
