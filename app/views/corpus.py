@@ -173,7 +173,7 @@ def _downloads(result, tables: dict, compared: dict | None, other, why: str | No
     files = {name: (file_stem(result), df) for name, df in tables.items()}
     files |= {f"compare_{name}": (file_stem(result, other), df) for name, df in (compared or {}).items()}
     both = file_stem(result, other if compared else None)
-    under = "" if result.ablation.is_empty else f" under {result.ablation.summary(2)}"
+    under = "" if result.ablation.is_empty else f" under `{result.ablation.summary(2)}`"
     with st.expander(f"Download the tables of {result.dataset} through {result.model}{under} (CSV, Parquet), the "
                      "whole view (HTML, works offline) and its provenance (JSON)"):
         top = st.columns(2)
@@ -199,7 +199,7 @@ def show(model, tok, path: str, mtime: float, ablation: Ablation = NO_ABLATION) 
     if ablation.is_empty:
         st.caption("Routed without an ablation (switch options off at the left to route the dataset under it).")
     else:
-        st.info(f"Routed under the ablation at the left: **{ablation.summary()}**. Every row runs with it; the "
+        st.info(f"Routed under the ablation at the left: `{ablation.summary()}`. Every row runs with it; the "
                 "summary table, the downloads and the page record it.")
     _restore(model, [NONE, *_others()])
     try:
@@ -264,7 +264,7 @@ def _results(model, path: str, mtime: float, ablation: Ablation, data, settings,
     other = CR.result(keys[1]) if len(keys) == 2 else None
     st.caption(f"{result.stats.n_rows:,} rows, {result.stats.n_tokens:,} tokens routed in "
                + " and ".join(f"{j.seconds:.2f} s ({n})" for n, j in zip(names, jobs))
-               + "; cached per checkpoint, dataset and settings.")
+               + "; cached per checkpoint, dataset, settings and ablation.")
     if not result.layout.routes:
         st.info(result.description)
     for note in result.notes:

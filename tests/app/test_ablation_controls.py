@@ -95,7 +95,7 @@ def test_the_corpus_view_runs_under_the_ablation_at_the_left():
     at.segmented_control(key=K.VIEW).set_value("Corpus").run()
     until_done(at)
     assert not at.error, [e.value for e in at.error]
-    assert any("Routed under the ablation at the left: **drop *:1**" in i.value for i in at.info)
+    assert any("Routed under the ablation at the left: `drop *:1`" in i.value for i in at.info)
     util = table(at, "utilisation_table")
     assert (util[util["option"] == 1]["tokens"] == 0).all() and not util[util["option"] == 1]["overloaded"].any()
     # the same statistics run directly under the same ablation

@@ -121,6 +121,13 @@ def test_controls_and_ablation_diff_at_scale(scale_app, browser, name, drop, exp
           f"(viewport {VIEWPORT['height']} px)")
     if drop is not None:  # many options: the controls do not grow with experts or layers
         assert 0 < column <= 1.2 * VIEWPORT["height"]
+    # the Corpus view routes the shipped probes under the same ablation, and says so
+    page.get_by_role("radio", name="Corpus", exact=True).click()
+    page.get_by_text("Routed under the ablation at the left").first.wait_for(timeout=60_000)
+    page.get_by_text("Download the tables of table6_probes.tsv").first.wait_for(timeout=600_000)
+    _idle(page)
+    assert expect in page.get_by_text("Routed under the ablation at the left").first.inner_text()
+    page.screenshot(path=str(ARTIFACTS / f"scale_{name}_corpus.png"), full_page=True)
     page.close()
 
 
