@@ -201,6 +201,11 @@ def show(model, tok, path: str, mtime: float, ablation: Ablation = NO_ABLATION) 
     else:
         st.info(f"Routed under the ablation at the left: `{ablation.summary()}`. Every row runs with it; the "
                 "summary table, the downloads and the page record it.")
+    try:
+        ablation.validate(model.routing_layers(), model.ablation_modes())
+    except ValueError as e:  # the statistics would not be of the ablation the page shows: none are made
+        st.error(f"Not routed: {e}. Change the ablation at the left.")
+        return
     _restore(model, [NONE, *_others()])
     try:
         data = _dataset()
