@@ -211,7 +211,8 @@ class Ablation:
         twice = [f"{'every layer' if l == ALL_LAYERS else 'layer ' + l} to options {_listed(os_)}"
                  for l, os_ in routes.items() if len(os_) > 1]
         if twice:
-            raise AblationError(f"force: one route per layer; forced {_some(twice, 3).replace(', ', '; ')}")
+            more = f"; and {len(twice) - 3} more layers" if len(twice) > 3 else ""
+            raise AblationError(f"force: one route per layer; forced {'; '.join(twice[:3])}{more}")
 
     @property
     def is_empty(self) -> bool:
