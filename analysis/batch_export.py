@@ -60,15 +60,15 @@ class ExportJob:
                              "prompt pass; continuations are generated with the KV cache, without them)")
         return options
 
-    def ablation(self, model: Any):
-        """The job's Ablation, checked against the model's routing layers and ablation modes."""
-        from routescope.core_models import Ablation
+    def ablation(self, model: Any, run_ids: Callable[[], Iterable[Sequence[int]]] | None = None):
+        """The job's Ablation, resolved and checked against the model's routing layers and ablation
+        modes (`analysis.usage.ablation_for`); `run_ids()`: the token ids "top N" specs rank options
+        over (the export's prompts; None: such a spec is refused)."""
+        from .usage import ablation_for
 
         if not model.routing_layers():
             raise ValueError(f"family {model.config.family!r} has no routing layers to export")
-        ablation = Ablation.parse(list(self.drop), list(self.force), list(self.modes))
-        ablation.validate(model.routing_layers(), model.ablation_modes())
-        return ablation
+        return ablation_for(model, self.drop, self.force, self.modes, run_ids=run_ids)
 
 
 def model_name(checkpoint: str | Path) -> str:

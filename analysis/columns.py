@@ -66,10 +66,10 @@ VALUE = "value"
 
 # --- effects and attribution ------------------------------------------------------------------
 TOKEN_ID = "token_id"
-KL = "kl"  # KL(base || ablated) of the next-token distributions, nats
+KL = "kl"  # KL(base || ablated) of the next-token distributions, nats (float64, clamped at 0: never negative)
 BASE_TOP = "base_top"
 ABLATED_TOP = "ablated_top"
-FLIPPED = "flipped"
+FLIPPED = "flipped"  # the top-1 token id changed and neither model has the two tied (effects.tie_tolerance)
 BASE_PROB = "base_prob"  # probability of the base top-1 token under the base model
 ABLATED_PROB = "ablated_prob"  # ... and under the ablated model
 OP = "op"  # difflib alignment op: equal | replace | insert | delete

@@ -75,16 +75,23 @@ SECTIONS: dict[str, tuple[str, str]] = {
 
 # --- files ---------------------------------------------------------------------------------------------
 
-def frame_bytes(df: pd.DataFrame, fmt: str) -> bytes:
-    """A table as CSV (the one CSV writer) or Parquet bytes."""
+def frame_bytes(df: pd.DataFrame, fmt: str, provenance: dict | None = None) -> bytes:
+    """A table as CSV (the one CSV writer) or Parquet bytes; `provenance` goes into the Parquet file's
+    metadata under the export's key (`analysis.export.read_provenance` reads it)."""
     if fmt == "csv":
         return frame_csv_bytes(df)
     if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from .export import PROVENANCE_KEY, _provenance_json
+
+        table = pa.Table.from_pandas(df.rename(columns=str), preserve_index=False)
+        if provenance is not None:
+            table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                   PROVENANCE_KEY: _provenance_json(provenance)})
         buf = io.BytesIO()
-        pq.write_table(pa.Table.from_pandas(df.rename(columns=str), preserve_index=False), buf)
+        pq.write_table(table, buf)
         return buf.getvalue()
     raise ValueError(f"unknown table format {fmt!r}; use {', '.join(FORMATS)}")
 
@@ -239,14 +246,16 @@ def _remove_stale_parts(out: Path) -> list[Path]:
     return removed
 
 
-def write_tables(tables: Mapping[str, pd.DataFrame], out: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Every table as `<name>.<fmt>` in directory `out` (an `OutputSet`'s); the paths written."""
+def write_tables(tables: Mapping[str, pd.DataFrame], out: Path, formats: Sequence[str] = FORMATS,
+                 provenance: dict | None = None) -> list[Path]:
+    """Every table as `<name>.<fmt>` in directory `out` (an `OutputSet`'s; Parquet with `provenance`);
+    the paths written."""
     written = []
     for name, df in tables.items():
         for fmt in formats:
             path = out / f"{name}.{fmt}"
             try:
-                write_file(path, frame_bytes(df, fmt))
+                write_file(path, frame_bytes(df, fmt, provenance))
             except OSError as e:
                 raise ValueError(f"{path}: cannot write ({e.strerror or e})") from None
             written.append(path)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import pandas as pd
 import torch
 
-from routescope.core_models.runtime import tracing
+from routescope.core_models.runtime import NO_ABLATION, Ablation, tracing
 
 from . import corpus as S
 from . import corpus_values as V
@@ -68,6 +68,9 @@ class CorpusResult:
     max_tokens: int = 0  # tokens kept per row: settings.max_tokens, at most the model's context
     decode: Callable[[int], str] | None = field(default=None, repr=False)
     notes: tuple[str, ...] = ()
+    ablation: Ablation = NO_ABLATION  # what every forward ran under (the CLI's --drop, the app's left column)
+    weights_sha256: str = ""  # of the checkpoint's weights (batch_export.weights_sha256), "" when not known
+    dtype: str = ""
 
     def intended(self, given: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, dict[str, int]]:
         """The dataset's own intended options (`corpus.default_intended`) updated by `given`."""
@@ -97,13 +100,16 @@ class CorpusResult:
 
     def summary(self) -> pd.DataFrame:
         lay = self.layout
-        rows = [("model", self.model), ("family", self.family), ("dataset", self.dataset),
+        rows = [("model", self.model), ("family", self.family), ("weights_sha256", self.weights_sha256 or "unknown"),
+                ("dtype", self.dtype or "unknown"), ("ablation", self.ablation.describe()),
+                ("ablation_specs", "; ".join(self.ablation.specs) or "none"), ("dataset", self.dataset),
                 ("dataset_sha256", self.digest), ("rows", f"{self.stats.n_rows}"),
                 ("tokens", f"{self.stats.n_tokens}"), ("routing_layers", ", ".join(lay.layers) or "none"),
                 ("options_per_layer", ", ".join(map(str, lay.n_options))),
                 ("statistics", "per-token routes" if lay.routes else "per-call values (no per-token routes)"),
                 ("top_k_recorded", str(lay.k)), ("label_columns", ", ".join(lay.label_columns) or "none"),
-                ("max_tokens", str(self.max_tokens)), ("seconds", f"{self.seconds:.2f}")]
+                ("max_tokens", str(self.max_tokens)), ("batch_size", str(self.settings.batch_size)),
+                ("seconds", f"{self.seconds:.2f}")]
         return pd.DataFrame(rows, columns=[C_METRIC, C_VALUE])
 
 
@@ -197,9 +203,15 @@ class Stopped(Exception):
 @torch.inference_mode()
 def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, settings: CorpusSettings = CorpusSettings(),
                progress: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-               decode: Callable[[int], str] | None = None) -> CorpusResult:
-    """Statistics of `model` over every row of `data` (module doc). `progress(rows done)` after
-    each batch; `stop()` True ends the run with `Stopped`."""
+               decode: Callable[[int], str] | None = None, ablation: Ablation = NO_ABLATION,
+               checkpoint: str | None = None) -> CorpusResult:
+    """Statistics of `model` over every row of `data` (module doc), every forward under `ablation`
+    (resolved and checked: `analysis.usage.ablation_for`). `progress(rows done)` after each batch;
+    `stop()` True ends the run with `Stopped`; `checkpoint`: its directory, whose weights' digest the
+    result records (cached: `batch_export.weights_sha256`)."""
+    from .batch_export import weights_sha256
+
+    digest = weights_sha256(checkpoint) if checkpoint is not None else ""
     t0 = time.perf_counter()
     layout = layout_of(model, data.label_columns)
     family = family_analysis(model)
@@ -226,7 +238,7 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
             labels = [[chunk[k].labels[c] for k in part] for c in range(len(layout.label_columns))]
             if reader is not None:
                 with tracing(reader.sites) as tr:
-                    out = model(x)
+                    out = model(x, ablation=ablation)
                 routes = reader.routes(tr)
                 topk = reader.topk(tr) if reader.topk is not None else None
                 if stats is None:
@@ -237,7 +249,7 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
                           topk=topk, labels=labels)
             else:
                 with tracing() as tr:
-                    model(x)
+                    model(x, ablation=ablation)
                 views = family.views(tr, model)
                 parts, batch_notes = family.export(tr, model, len(part), views)
                 notes += [n for n in batch_notes if n not in notes]
@@ -252,12 +264,15 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
         "over the corpus." if layout.layers else f"{model.config.label} has no routing layers: nothing to count.")
     return CorpusResult(model=name, family=model.config.label, dataset=data.name, digest=data.digest, layout=layout,
                         stats=stats, settings=settings, seconds=time.perf_counter() - t0, description=description,
-                        max_tokens=limit, decode=decode, notes=tuple(notes))
+                        max_tokens=limit, decode=decode, notes=tuple(notes), ablation=ablation, weights_sha256=digest,
+                        dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
 
 
 def provenance(result: CorpusResult) -> dict[str, Any]:
     """What the CLI's and the page's outputs record about how the statistics were made."""
-    return {"model": result.model, "family": result.family, "dataset": result.dataset,
+    return {"model": result.model, "family": result.family, "weights_sha256": result.weights_sha256,
+            "dtype": result.dtype, "ablation": result.ablation.describe(), "ablation_specs": list(result.ablation.specs),
+            "dataset": result.dataset,
             "dataset_sha256": result.digest, "settings": asdict(result.settings), "max_tokens": result.max_tokens,
             "rows": result.stats.n_rows,
             "tokens": result.stats.n_tokens}

@@ -24,31 +24,55 @@ def _ids(input_ids: Any) -> torch.Tensor:
     return ids.unsqueeze(0) if ids.dim() == 1 else ids
 
 
+TIE_ULPS = 8  # two logits within this many ulps of the row's largest magnitude (at least 1) are tied
+
+
+def tie_tolerance(logits: torch.Tensor) -> torch.Tensor:
+    """(..., V) logits -> (...) the margin below which two of a row's logits count as tied: TIE_ULPS
+    ulps (of the dtype the model computed them in) of the row's largest |logit|, at least of 1.0. Two
+    runs that differ only by rounding (a different summation order, a dropped expert that no token
+    picked) move logits by a few such ulps, enough to swap a near-tied top-1 without any real change."""
+    scale = logits.abs().amax(-1).clamp_min(1.0)
+    return TIE_ULPS * torch.finfo(logits.dtype).eps * scale.double()
+
+
 @torch.inference_mode()
 def ablation_effects(model: Any, input_ids: Any, ablation: Ablation, *, routing: str = "deterministic",
                      seed: int = 0) -> pd.DataFrame:
     """Per batch row and position: KL(base || ablated) of the next-token distributions (nats),
     the top-1 token of each, whether it flipped, and the probability of the base top-1 token
-    under both models. `input_ids`: (T,) or (B, T) token ids."""
+    under both models. `input_ids`: (T,) or (B, T) token ids.
+
+    KL is summed in float64 and clamped at 0: it is never negative, and a sum below zero is rounding
+    (how many rows were clamped, and the lowest sum, are in `df.attrs["kl_clamped"]`,
+    `df.attrs["kl_lowest"]`). A top-1 "flip" is a change of the argmax token id that is not a tie: the
+    base model prefers its top-1 over the ablated model's top-1, and the ablated model the reverse,
+    each by more than `tie_tolerance` of its logits."""
     ids = _ids(input_ids)
 
-    def logp(ab: Ablation | None) -> torch.Tensor:  # (B, T, V) on the CPU, wherever the model runs
+    def logits(ab: Ablation | None) -> torch.Tensor:  # (B, T, V) on the CPU in the model's dtype
         gen = torch.Generator().manual_seed(seed)
-        out = model(ids.to(model_device(model)), ablation=ab, routing=routing, generator=gen)
-        return torch.log_softmax(out.logits.float(), -1).cpu()
+        return model(ids.to(model_device(model)), ablation=ab, routing=routing, generator=gen).logits.cpu()
 
-    base, abl = logp(None), logp(ablation)  # (B, T, V)
-    kl = (base.exp() * (base - abl)).sum(-1)  # (B, T)
+    base_z, abl_z = logits(None), logits(ablation)
+    base, abl = torch.log_softmax(base_z.double(), -1), torch.log_softmax(abl_z.double(), -1)  # (B, T, V)
+    raw = (base.exp() * (base - abl)).sum(-1)  # (B, T)
+    kl = raw.clamp_min(0.0)
     top_b, top_a = base.argmax(-1), abl.argmax(-1)
-    p_b = base.gather(-1, top_b[..., None]).squeeze(-1).exp()
-    p_a = abl.gather(-1, top_b[..., None]).squeeze(-1).exp()
+    at = lambda lp, top: lp.gather(-1, top[..., None]).squeeze(-1)  # noqa: E731
+    flipped = ((top_b != top_a) & (at(base, top_b) - at(base, top_a) > tie_tolerance(base_z))
+               & (at(abl, top_a) - at(abl, top_b) > tie_tolerance(abl_z)))
+    p_b, p_a = at(base, top_b).exp(), at(abl, top_b).exp()
     B, T = ids.shape
     b, t = (a.ravel() for a in np.meshgrid(np.arange(B), np.arange(T), indexing="ij"))
-    return pd.DataFrame({
+    df = pd.DataFrame({
         C.BATCH: b, C.POSITION: t, C.TOKEN_ID: ids.numpy().ravel(), C.KL: kl.numpy().ravel(),
         C.BASE_TOP: top_b.numpy().ravel(), C.ABLATED_TOP: top_a.numpy().ravel(),
-        C.FLIPPED: (top_b != top_a).numpy().ravel(), C.BASE_PROB: p_b.numpy().ravel(),
+        C.FLIPPED: flipped.numpy().ravel(), C.BASE_PROB: p_b.numpy().ravel(),
         C.ABLATED_PROB: p_a.numpy().ravel(), C.ABLATION: ablation.describe()})
+    df.attrs["kl_clamped"] = int((raw < 0).sum())
+    df.attrs["kl_lowest"] = float(raw.min()) if raw.numel() else 0.0
+    return df
 
 
 def _new_ids(g: Any) -> list[int]:

@@ -16,6 +16,7 @@ from routescope.analysis import corpus_data as D
 from routescope.analysis.corpus_run import CorpusJob, CorpusJobs, CorpusResult, CorpusSettings, run_corpus
 from routescope.analysis.environment import device_setting
 from routescope.analysis.prompts import TokenText
+from routescope.core_models.runtime import NO_ABLATION, Ablation
 
 from . import resources
 
@@ -51,14 +52,16 @@ def _server_file(path: str, stamp: tuple[int, int]) -> D.CorpusData:
     return D.load_corpus(path, limits=D.APP_LIMITS)
 
 
-def job_key(path: str, mtime: float, data: D.CorpusData, settings: CorpusSettings) -> tuple:
-    return (path, mtime, device_setting(), data.digest, settings)
+def job_key(path: str, mtime: float, data: D.CorpusData, settings: CorpusSettings,
+            ablation: Ablation = NO_ABLATION) -> tuple:
+    return (path, mtime, device_setting(), data.digest, settings, ablation)
 
 
-def job(path: str, mtime: float, data: D.CorpusData, settings: CorpusSettings) -> CorpusJob:
-    """The corpus job of a checkpoint over a dataset: started on the jobs' thread when new, else the
-    running or finished one."""
-    key = job_key(path, mtime, data, settings)
+def job(path: str, mtime: float, data: D.CorpusData, settings: CorpusSettings,
+        ablation: Ablation = NO_ABLATION) -> CorpusJob:
+    """The corpus job of a checkpoint over a dataset under `ablation`: started on the jobs' thread
+    when new, else the running or finished one."""
+    key = job_key(path, mtime, data, settings, ablation)
     found = jobs().get(key)
     if found is not None and found.error is None:
         return found
@@ -66,8 +69,9 @@ def job(path: str, mtime: float, data: D.CorpusData, settings: CorpusSettings) -
     text = TokenText(tok)
 
     def work(progress) -> CorpusResult:
+        ablation.validate(model.routing_layers(), model.ablation_modes())  # the left column's, for this model
         return run_corpus(model, tok, data, name=Path(path).name, settings=settings, progress=progress,
-                          decode=lambda i: text([i])[0])
+                          decode=lambda i: text([i])[0], ablation=ablation, checkpoint=path)
 
     return jobs().submit(key, data.n_rows, work)
 

@@ -8,6 +8,7 @@ import streamlit as st
 st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 
 from routescope.app import resources  # noqa: E402  (set_page_config must come first)
+from routescope.app import corpus_resources as CR  # noqa: E402
 from routescope.app import state as K  # noqa: E402
 from routescope import families  # noqa: E402
 from routescope.app.views import ablation, attribution, corpus, diff, export, generation, routing, sidebar  # noqa: E402
@@ -15,7 +16,7 @@ from routescope.analysis.prompts import prompt_problem  # noqa: E402
 from routescope.app.components.messages import show_error  # noqa: E402
 from routescope.app.components.route_grid import CSS as STYLES  # noqa: E402
 from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
-from routescope.core_models.runtime import Ablation  # noqa: E402
+from routescope.core_models.runtime import Ablation, AblationError  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
 VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Export"]  # every family's
@@ -40,7 +41,7 @@ def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None
     left, right = st.columns([1, 4], gap="medium")
     with left:
         st.subheader("Switch off")
-        ab = ablation.controls(model, path)
+        ab = ablation.controls(model, path, usage_of(path, mtime, tok, prompt if problem is None else ""))
         st.caption("Options count from 0, as in ablation specs (`drop *:1`) and the export's option column.")
     t0 = time.perf_counter()
     cur, failed = None, problem
@@ -48,8 +49,9 @@ def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None
         try:
             cur = resources.run(path, mtime, prompt, settings, ab)
         except Exception as e:
-            failed = (("Cannot run this prompt" if ab.is_empty else f"Ablation {ab.describe()}") + ": "
-                      + (str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
+            reason = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+            failed = ("Cannot run this prompt: " + reason if ab.is_empty else  # the reason first, then a summary
+                      f"Cannot run this ablation: {reason} (ablation: {ab.summary()})")
     elapsed = time.perf_counter() - t0
     with right:
         if cur is not None:
@@ -74,14 +76,36 @@ def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None
             if view in pages:
                 pages[view].show(model, path, mtime, ab, ablation.describe(ab, model))
             else:
-                show_view(view, cur, model, tok, path, mtime, prompt, settings, pages)
+                show_view(view, cur, model, tok, path, mtime, prompt, settings, pages, ab)
         except Exception as e:
             error_box(view, e)
 
 
-def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, settings, pages) -> None:
-    """`cur`: the prompt's run under the ablation at the left (None where it failed: only NEEDS_NO_RUN
-    views come here then); `pages`: the family's own pages (their tables go to the Export view)."""
+def usage_of(path: str, mtime: float, tok, prompt: str):
+    """What "top N" specs rank by: "run", the unablated model's picks over the prompt's tokens;
+    "corpus", over the dataset this session's Corpus view last ran for this checkpoint without an ablation."""
+    from routescope.analysis.usage import corpus_usage
+
+    def usage(source: str):
+        if source == "run":
+            ids = tuple(tok.encode(prompt).ids) if prompt else ()
+            if not ids:
+                raise AblationError("top N: the prompt is empty, so no expert has been used yet")
+            return resources.usage(path, mtime, ids)
+        key = st.session_state.get(K.CORPUS_LAST, {}).get(path)
+        job = CR.jobs().get(key) if key is not None else None
+        if job is None or job.result is None:
+            raise AblationError("top N@corpus: run a dataset in the Corpus view without an ablation first (its "
+                                "counts are what @corpus ranks by)")
+        return corpus_usage(job.result)
+
+    return usage
+
+
+def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, settings, pages, ab: Ablation) -> None:
+    """`cur`: the prompt's run under the ablation `ab` at the left (None where it failed: only NEEDS_NO_RUN
+    views come here then, and the Corpus view runs under `ab` too); `pages`: the family's own pages
+    (their tables go to the Export view)."""
     if view == "Generation":
         generation.show(cur, tok)
     elif view == "Routing":
@@ -97,7 +121,7 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
     elif view == "Attribution":
         attribution.show(cur, model, tok, path, mtime)
     elif view == "Corpus":
-        corpus.show(model, tok, path, mtime)
+        corpus.show(model, tok, path, mtime, ab)
     else:
         extra = {label: table for p in pages.values() if p.tables for label, table in
                  p.tables(model, path, mtime, cur.ablation).items()}  # the family's pages' tables

@@ -19,6 +19,7 @@ from routescope.analysis.domain import probe_routes
 from routescope.analysis.effects import ablation_effects
 from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes
 from routescope.analysis.session import RunSettings, run_prompt
+from routescope.analysis.usage import run_usage
 from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, weight_files
 from routescope.core_models.devices import resolve_device
 from routescope.core_models.runtime import Ablation
@@ -97,6 +98,13 @@ def export_bytes(path: str, mtime: float, prompt: str, settings: RunSettings, ab
 def effects(path: str, mtime: float, ids: tuple[int, ...], ablation: Ablation, routing: str, seed: int):
     model, _ = load(path, mtime)
     return ablation_effects(model, list(ids), ablation, routing=routing, seed=seed)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def usage(path: str, mtime: float, ids: tuple[int, ...]):
+    """Picks per option of the unablated model on these tokens: what "top N" specs rank by."""
+    model, _ = load(path, mtime)
+    return run_usage(model, [list(ids)])
 
 
 @st.cache_resource(max_entries=64, show_spinner="Attributing…")

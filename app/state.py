@@ -53,6 +53,27 @@ def force_key(scope: str, layer: str) -> str:
     return f"{_ABLATION}{scope}::force::{layer}"
 
 
+def specs_key(scope: str) -> str:
+    """The ablation spec box (one spec a line: "*:0-3", "force LAYER:OPTION")."""
+    return f"{_ABLATION}{scope}::specs"
+
+
+def drop_everywhere_key(scope: str) -> str:
+    """The searchable "drop everywhere" multiselect of models with many options per layer."""
+    return f"{_ABLATION}{scope}::drop_everywhere"
+
+
+def layer_pick_key(scope: str) -> str:
+    """Which layer the per-layer controls of a many-layer model show."""
+    return f"{_ABLATION}{scope}::layer_pick"
+
+
+def layer_choices_key(scope: str) -> str:
+    """{layer: (dropped options, forced option or None)} of the per-layer controls: kept here, not in
+    the widgets, because only the picked layer's widgets are drawn (an undrawn widget forgets)."""
+    return f"{_ABLATION}{scope}::layer_choices"
+
+
 def mode_key(scope: str, mode: str) -> str:
     return f"{_ABLATION}{scope}::mode::{mode}"
 
@@ -70,3 +91,13 @@ CORPUS_INTENDED = "corpus_intended"
 CORPUS_COMPARE = "corpus_compare"
 CORPUS_TOP = "corpus_top"
 CORPUS_MIN_COUNT = "corpus_min_count"
+# the view's inputs kept across view switches (an undrawn widget's value is dropped by Streamlit)
+CORPUS_KEPT = (CORPUS_SOURCE, CORPUS_SHIPPED, CORPUS_PATH, CORPUS_MAX_TOKENS, CORPUS_INTENDED, CORPUS_COMPARE,
+               CORPUS_TOP, CORPUS_MIN_COUNT)
+CORPUS_UPLOADED = "corpus_uploaded::kept"  # (name, file id, bytes) of the last uploaded dataset
+CORPUS_LAST = "corpus_last"  # {checkpoint path: job key} of the last finished corpus run ("top N@corpus")
+
+
+def kept_key(key: str) -> str:
+    """Where a view's input is kept while the view is not drawn."""
+    return f"{key}::kept"

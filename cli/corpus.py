@@ -1,7 +1,8 @@
 """`routescope corpus`: how a checkpoint routes over a whole dataset, as tables (CSV and Parquet)
 and the corpus view's offline HTML page, optionally beside a second checkpoint on the same rows.
 
-    routescope corpus CHECKPOINT (--data FILE | --shipped NAME) [--compare CHECKPOINT] --out DIR
+    routescope corpus CHECKPOINT (--data FILE | --shipped NAME) [--compare CHECKPOINT]
+                      [--drop SPEC] [--force LAYER:OPTION] [--mode NAME] --out DIR
 
 Writes into DIR (replaced whole: it may hold only an earlier run's files): `<table>.csv` and
 `<table>.parquet` for each table of `analysis.corpus` (summary, utilisation, label_shares, accuracy,
@@ -14,10 +15,17 @@ the dataset's own expected_path / expected_option) and the two checkpoints' rout
 checked before any model runs: a problem stops the command with one line naming it (exit 2), and
 nothing is written. The file is streamed in bounded memory: the command has no size limit (the
 app's limits are `analysis.corpus_data.APP_LIMITS`).
+
+--drop / --force / --mode run every forward under an ablation, as `routescope export` does (the same
+spec grammar); it is resolved against the first checkpoint ("top8": the 8 options each layer of the
+unablated model picks most over this dataset, one extra pass) and the second runs under the same
+options. Every table's summary, corpus.json and the page record it, with both checkpoints' weights
+digests.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -56,6 +64,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--format", default="csv,parquet", metavar="FMT,FMT", help="table formats: csv, parquet "
                                                                                "(default both)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    O.add_ablation_options(c, routing=False, top_over="this dataset")
     O.add_device_options(c)
     c.set_defaults(func=run)
 
@@ -78,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     from routescope.analysis import corpus_page as P
     from routescope.analysis import corpus_run as R
     from routescope.analysis.prompts import TokenText
+    from routescope.analysis.usage import ablation_for, corpus_usage
+    from routescope.core_models.runtime import NO_ABLATION
 
     formats = _formats(args.format)
     intended = S.parse_intended(args.intended)
@@ -102,14 +113,27 @@ def run(args: argparse.Namespace) -> int:
         if lay.routes:
             S.check_intended(intended, lay)
             S.check_intended(own, lay)  # the dataset's expected_path / expected_option, before the run
-    results = []
-    for name, (model, tok) in zip(names, loaded):
-        text = TokenText(tok)
-        with tqdm(total=data.n_rows, desc=name, unit="row", disable=True if args.quiet else None) as bar:
-            results.append(R.run_corpus(model, tok, data, name=name, settings=settings,
-                                        progress=lambda n, b=bar: b.update(n - b.n), decode=lambda i, t=text: t([i])[0]))
+    paths = [args.checkpoint, *([args.compare] if args.compare else [])]
+
+    def run_one(k: int, ablation, desc: str):
+        (model, tok), text = loaded[k], TokenText(loaded[k][1])
+        with tqdm(total=data.n_rows, desc=desc, unit="row", disable=True if args.quiet else None) as bar:
+            return R.run_corpus(model, tok, data, name=names[k], settings=settings, ablation=ablation,
+                                checkpoint=paths[k], progress=lambda n, b=bar: b.update(n - b.n),
+                                decode=lambda i, t=text: t([i])[0])
+
+    # top N ranks by the unablated first checkpoint over this dataset (one pass, asked only for such a spec)
+    usage = functools.cache(lambda: corpus_usage(run_one(0, NO_ABLATION, f"{names[0]} (unablated, for top N)")))
+    ablation = ablation_for(loaded[0][0], args.drop, args.force, args.mode, run_counts=usage, corpus=usage)
+    if len(loaded) == 2:  # the same options switched off in both
+        try:
+            ablation.validate(loaded[1][0].routing_layers(), loaded[1][0].ablation_modes())
+        except ValueError as e:
+            raise ValueError(f"--compare {names[1]}: the ablation does not apply to it: {e}") from None
+    results = [run_one(k, ablation, names[k]) for k in range(len(loaded))]
     tables = [r.tables(top=args.top, min_count=args.min_count, intended=intended) for r in results]
     compared = S.compare_tables(*tables) if len(tables) == 2 else None
+    meta = {"a": R.provenance(results[0]), **({"b": R.provenance(results[1])} if len(results) == 2 else {})}
     from routescope.app.components.corpus_report import page  # the drawer table (plotly only, no Streamlit)
 
     html = page(results[0], tables[0], loaded[0][0].option_labels(), other=results[1] if len(results) == 2 else None,
@@ -118,10 +142,9 @@ def run(args: argparse.Namespace) -> int:
         for stale in built.removed_stale:
             sys.stderr.write(f"note: removed {stale}, left by a run that was killed\n")
         written = P.write_tables({**tables[0], **{f"compare_{k}": v for k, v in (compared or {}).items()}},
-                                 built.dir, formats)
+                                 built.dir, formats, provenance=meta)  # in each Parquet file's metadata
         P.write_file(built.dir / P.PAGE, html)
-        doc = {"a": R.provenance(results[0]), **({"b": R.provenance(results[1])} if len(results) == 2 else {}),
-               "tables": sorted({p.stem for p in written}), "formats": formats, "notes": list(results[0].notes)}
+        doc = {**meta, "tables": sorted({p.stem for p in written}), "formats": formats, "notes": list(results[0].notes)}
         P.write_file(built.dir / P.PROVENANCE, json.dumps(doc, indent=1, ensure_ascii=False).encode("utf-8"))
     sys.stderr.write(f"wrote {len(written) + 2} files to {out} ({data.n_rows:,} rows, "
                      f"{results[0].stats.n_tokens:,} tokens{', 2 checkpoints' if len(results) == 2 else ''}"

@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
     if not model.routing_layers():
         raise ValueError(f"{args.checkpoint}: {model.config.label} has no routing layers to export")
     job.model_options(model)  # a run option the family does not take is refused before any work
-    ablation = job.ablation(model)
     encoded = B.encode_prompts(tok, prompts, model.context, job)
+    ablation = job.ablation(model, run_ids=lambda: [ids for _, ids in encoded])  # top N: over these prompts
     name, notes = B.model_name(args.checkpoint), B.NoteLog()
     with ExportWriter(*args.out, provenance=B.provenance(args.checkpoint, model, job)) as w, \
             tqdm(total=len(encoded), desc="export", unit="prompt", disable=True if args.quiet else None) as bar:

@@ -20,7 +20,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=O.seed, default=0)
     g.add_argument("--top-n", type=O.positive_int, default=5,
                    help="candidates shown per step, 1 up to the vocabulary size (a larger value is refused)")
-    O.add_ablation_options(g)
+    O.add_ablation_options(g, top_over="the prompt")
     g.add_argument("--json", action="store_true")
     O.add_device_options(g)
     g.set_defaults(func=run)
@@ -28,17 +28,18 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from routescope.core_models.generate import Sampling, generate
-    from routescope.core_models.runtime import Ablation
+    from routescope.analysis.usage import ablation_for
 
     model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     vocab = model.config.vocab_size
     if args.top_n > vocab:  # checked before any work, like every option
         raise ValueError(f"--top-n {args.top_n}: the vocabulary has {vocab:,} tokens; give 1..{vocab}")
     ids = tok.encode(args.prompt).ids
+    ablation = ablation_for(model, args.drop, args.force, args.mode, run_ids=lambda: [ids])  # top N: over the prompt
     sampling = Sampling(greedy=not args.sample, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, seed=args.seed)
     gen = generate(model, ids, max_new_tokens=args.max_new_tokens, sampling=sampling, top_n=args.top_n,
-                   ablation=Ablation.parse(args.drop, args.force, args.mode), routing=args.routing, routing_seed=args.seed)
+                   ablation=ablation, routing=args.routing, routing_seed=args.seed)
     text = tok.decode(gen.new_ids)
     if args.json:
         steps = [{"position": s.position, "token": tok.decode([s.token_id]), "token_id": s.token_id,

@@ -131,12 +131,20 @@ class ChoicesOf(Sequence[str]):
         return f"ChoicesOf({self.module}.{self.name})"
 
 
-def add_ablation_options(p: argparse.ArgumentParser) -> None:
-    """--routing, --drop, --force and --mode, as generate and export take them."""
-    p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.runtime", "ROUTING_MODES"), default="deterministic",
-                   metavar="MODE", help="Gumbel routing at inference, one of %(choices)s (default %(default)s)")
-    p.add_argument("--drop", action="append", default=[], help="OPTION or LAYER:OPTION, repeatable")
-    p.add_argument("--force", action="append", default=[], help="LAYER:OPTION, repeatable")
+def add_ablation_options(p: argparse.ArgumentParser, routing: bool = True, top_over: str = "the prompts") -> None:
+    """--routing (unless `routing` is False), --drop, --force and --mode, as generate, export and
+    corpus take them (specs: core_models.runtime's grammar; `top_over`: what "topN" counts over)."""
+    if routing:
+        p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.runtime", "ROUTING_MODES"),
+                       default="deterministic", metavar="MODE",
+                       help="Gumbel routing at inference, one of %(choices)s (default %(default)s)")
+    p.add_argument("--drop", action="append", default=[], metavar="SPEC",
+                   help="options to switch off, repeatable: OPTIONS or LAYER:OPTIONS; OPTIONS 3, 0-15, 0,4-7, !5 (all "
+                        f"but 5) or top8 (the 8 most used by the unablated model over {top_over}); LAYER a routing "
+                        "layer, * (every layer, the default) or a glob such as 'model.layers.*.mlp.gate' "
+                        "(README: Ablation specs)")
+    p.add_argument("--force", action="append", default=[], metavar="LAYER:OPTION",
+                   help="route every token of a layer to one option, repeatable (LAYER may be * or a glob)")
     p.add_argument("--mode", action="append", default=[], metavar="NAME",
                    help="a named ablation of the model's family, repeatable (pgpt: pgpt1-reference, the authors' "
                         "pgpt-1 evaluation: the highest-weight path alone, without the final LayerNorm)")

@@ -7,6 +7,7 @@ ContextVars are per thread (and per asyncio task), so concurrent calls never see
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -19,7 +20,167 @@ ALL_LAYERS = "*"
 
 
 class AblationError(ValueError):
-    """An ablation names a layer or option the model does not have."""
+    """An ablation names a layer or option the model does not have, or a spec is malformed."""
+
+
+# --- the spec grammar (the CLI's --drop/--force, rs.run(drop=...), the app's spec box) ---------------
+#
+#   SPEC   := [LAYER ":"] SET                 no LAYER: every layer ("*")
+#   LAYER  := a routing layer's name, "*" (every layer) or a glob over names ("model.layers.*.mlp.gate")
+#   SET    := LIST                            these options          "model.layers.3.mlp.gate:0-15"
+#           | "!" LIST                        all but these options  "*:!0"  (keep only option 0)
+#           | "top" N ["@" SOURCE]            the N most used options of each layer, SOURCE "run" (default:
+#                                             the unablated model on this run's tokens) or "corpus"
+#   LIST   := ITEM ("," ITEM)*   ITEM := N | N "-" M  (0-based, inclusive)
+#
+# A spec is syntax only until it is resolved against the model's {layer: options} (globs, "!", top)
+# and, for "top", usage counts: `Ablation.parse(..., layers=, usage=)` does both.
+
+SOURCES = ("run", "corpus")
+_SET = re.compile(r"^(?:(?P<invert>!)?\s*(?P<list>\d+(?:\s*-\s*\d+)?(?:\s*,\s*\d+(?:\s*-\s*\d+)?)*)"
+                  r"|top\s*(?P<top>\d+)(?:\s*@\s*(?P<source>\w+))?)$", re.ASCII)  # ASCII: int() reads "１" too
+_LAYER = re.compile(r"^[\w.*?\[\]-]+$", re.ASCII)
+_GLOB = re.compile(r"[*?\[]")
+SPEC_HELP = ("OPTIONS or LAYER:OPTIONS; OPTIONS: 3, 0-15, 0,4-7, !5 (all but 5) or top8 (the 8 most used, "
+             "top8@corpus over the corpus); LAYER: a routing layer, * (every layer) or a glob")
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One parsed spec: options of the layers it names (module comment above)."""
+
+    text: str
+    layer: str
+    options: frozenset[int] = frozenset()
+    invert: bool = False
+    top: int = 0
+    source: str = "run"
+
+    @property
+    def needs_model(self) -> bool:
+        return self.invert or bool(self.top) or (self.layer != ALL_LAYERS and bool(_GLOB.search(self.layer)))
+
+
+class SpecError(AblationError):
+    """A malformed spec: `reason` first, then the spec it concerns."""
+
+    def __init__(self, reason: str, spec: str) -> None:
+        super().__init__(f"{reason}: {spec}")
+        self.reason, self.spec = reason, spec
+
+
+def parse_selector(spec: str, kind: str = "drop") -> Selector:
+    """The syntax of one spec (no model needed); SpecError saying what is wrong first."""
+    text = str(spec).strip()
+    named = f"{kind} {text[:80]!r}"
+    layer, colon, sets = text.rpartition(":")
+    layer, sets = layer.strip(), sets.strip()
+    if colon and not _LAYER.match(layer):
+        raise SpecError("no layer before the colon" if not layer else "bad layer name", named)
+    m = _SET.match(sets)
+    if not m:
+        raise SpecError("cannot read the options" if sets else "no options", named)
+    layer = layer or ALL_LAYERS
+    if m["top"] is not None:
+        source = (m["source"] or "run").lower()
+        if source not in SOURCES:
+            raise SpecError(f"unknown usage source {source!r} (top N@run or top N@corpus)", named)
+        if int(m["top"]) < 1:
+            raise SpecError("top N needs N >= 1", named)
+        return Selector(text, layer, top=int(m["top"]), source=source)
+    options: set[int] = set()
+    for item in m["list"].split(","):
+        lo, _, hi = item.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b < a:
+            raise SpecError(f"range {a}-{b} runs backwards", named)
+        if b - a > 1_000_000:
+            raise SpecError(f"range {a}-{b} is larger than any layer", named)
+        options.update(range(a, b + 1))
+    return Selector(text, layer, frozenset(options), invert=bool(m["invert"]))
+
+
+Usage = Callable[[str], "dict[str, Any]"]  # source ("run" / "corpus") -> {layer: counts per option}
+
+
+def _targets(sel: Selector, kind: str, layers: dict[str, int] | None) -> list[str]:
+    if layers is None:
+        raise AblationError(f"a glob, '!' or top N needs the model's routing layers to resolve: {kind} {sel.text!r}")
+    if sel.layer == ALL_LAYERS:
+        return list(layers)
+    if _GLOB.search(sel.layer):
+        found = [l for l in layers if fnmatch.fnmatchcase(l, sel.layer)]
+        if not found:
+            raise AblationError(f"no routing layer matches {sel.layer!r} (layers: {_some(list(layers))}): "
+                                f"{kind} {sel.text!r}")
+        return found
+    return [sel.layer]
+
+
+def _most_used(sel: Selector, kind: str, layer: str, n: int, usage: Usage | None) -> list[int]:
+    if usage is None:
+        raise AblationError(f"top N needs usage counts ({sel.source}), which are not available here: {kind} {sel.text!r}")
+    counts = usage(sel.source).get(layer)
+    if counts is None:
+        raise AblationError(f"no usage counts for layer {layer!r} (it has no per-token routes): {kind} {sel.text!r}")
+    counts = [int(c) for c in list(counts)[:n]]
+    return sorted(sorted(range(len(counts)), key=lambda o: (-counts[o], o))[:sel.top])  # ties: the lower option
+
+
+def resolve(selectors: list[Selector], kind: str, layers: dict[str, int] | None = None,
+            usage: Usage | None = None) -> tuple[tuple[str, int], ...]:
+    """(layer, option) pairs of parsed specs: "*" stays "*" where no model is needed."""
+    pairs: list[tuple[str, int]] = []
+    for sel in selectors:
+        if not sel.needs_model:
+            pairs += [(sel.layer, o) for o in sorted(sel.options)]
+            continue
+        for layer in _targets(sel, kind, layers):
+            n = layers.get(layer, 0) if layers else 0
+            if sel.top:
+                pairs += [(layer, o) for o in _most_used(sel, kind, layer, n, usage)]
+            elif sel.invert:
+                pairs += [(layer, o) for o in range(n) if o not in sel.options]
+                pairs += [(layer, o) for o in sorted(sel.options) if o >= n]  # named, so validate says why
+            else:
+                pairs += [(layer, o) for o in sorted(sel.options)]
+    return tuple(pairs)
+
+
+def ranges(options) -> str:
+    """Options as the spec grammar writes them: [0, 1, 2, 3, 7] -> "0-3,7"."""
+    out, run = [], []
+    for o in sorted(set(options)):
+        if run and o == run[-1] + 1:
+            run.append(o)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)))
+        run = [o]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)))
+    return ",".join(out)
+
+
+def _listed(options) -> str:
+    """A few options as "0, 1"; many as ranges."""
+    options = sorted(set(options))
+    return ", ".join(map(str, options)) if len(options) <= 8 else ranges(options)
+
+
+def _in_order(pair: tuple[str, int]) -> tuple:
+    """(layer, option) in the model's order: "*" first, numbers in names compared as numbers."""
+    layer, option = pair
+    return (layer != ALL_LAYERS, [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", layer)],
+            option)
+
+
+def _some(items: list[str], limit: int = 6) -> str:
+    """A list for one line: the first `limit` items, then how many more."""
+    if not items:
+        return "none"
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
 
 
 @dataclass(frozen=True)
@@ -30,24 +191,28 @@ class Ablation:
     `model.routing_layers()`) or "*" for every layer. `force` holds (layer, option) pairs.
     `modes` names ablations a family defines beyond dropping and forcing (`model.ablation_modes()`,
     e.g. pgpt's "pgpt1-reference", the authors' pgpt-1 evaluation). Hashable, so it can key caches.
+    `specs`: the specs as given (e.g. "*:top8"), for provenance; not part of equality (the pairs are).
     """
 
     drop: tuple[tuple[str, int], ...] = ()
     force: tuple[tuple[str, int], ...] = ()
     modes: tuple[str, ...] = ()
+    specs: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         # a spec given twice is one spec
-        object.__setattr__(self, "drop", tuple(sorted({(str(l), int(o)) for l, o in self.drop})))
-        object.__setattr__(self, "force", tuple(sorted({(str(l), int(o)) for l, o in self.force})))
+        object.__setattr__(self, "drop", tuple(sorted({(str(l), int(o)) for l, o in self.drop}, key=_in_order)))
+        object.__setattr__(self, "force", tuple(sorted({(str(l), int(o)) for l, o in self.force}, key=_in_order)))
         object.__setattr__(self, "modes", tuple(sorted({str(m) for m in self.modes})))
+        object.__setattr__(self, "specs", tuple(self.specs))
         routes: dict[str, list[int]] = {}
         for l, o in self.force:
             routes.setdefault(l, []).append(o)
-        twice = [f"{'every layer' if l == ALL_LAYERS else 'layer ' + l} to options {', '.join(map(str, os_))}"
+        twice = [f"{'every layer' if l == ALL_LAYERS else 'layer ' + l} to options {_listed(os_)}"
                  for l, os_ in routes.items() if len(os_) > 1]
         if twice:
-            raise AblationError(f"force: one route per layer; forced {'; '.join(twice)}")
+            more = f"; and {len(twice) - 3} more layers" if len(twice) > 3 else ""
+            raise AblationError(f"force: one route per layer; forced {'; '.join(twice[:3])}{more}")
 
     @property
     def is_empty(self) -> bool:
@@ -69,56 +234,113 @@ class Ablation:
 
     @classmethod
     def parse(cls, drop: list[str] | tuple[str, ...] = (), force: list[str] | tuple[str, ...] = (),
-              modes: list[str] | tuple[str, ...] = ()) -> "Ablation":
-        """Parse CLI-style specs: "1" (option 1 everywhere), "parallel.0:1", "*:0"; modes by name."""
-        return cls(drop=tuple(_parse_spec(s, "drop") for s in drop),
-                   force=tuple(_parse_spec(s, "force") for s in force), modes=tuple(modes))
+              modes: list[str] | tuple[str, ...] = (), *, layers: dict[str, int] | None = None,
+              usage: Usage | None = None) -> "Ablation":
+        """Parse specs (the grammar above): "1" (option 1 everywhere), "parallel.0:1", "*:0-3",
+        "model.layers.*.mlp.gate:!0", "*:top8"; modes by name. `layers` ({name: options},
+        `model.routing_layers()`) resolves globs, "!" and top N; `usage(source)` gives the counts top
+        N ranks by. Every malformed spec is named in one error, its reason first."""
+        bad: dict[str, list[str]] = {}
+        parsed = {}
+        for kind, specs in (("drop", drop), ("force", force)):
+            sels = []
+            for s in specs:
+                try:
+                    sel = parse_selector(s, kind)
+                except SpecError as e:
+                    bad.setdefault(e.reason, []).append(e.spec)
+                    continue
+                if kind == "force" and (sel.invert or sel.top or len(sel.options) != 1):
+                    bad.setdefault("force takes one option per layer (LAYER:OPTION)", []).append(repr(sel.text))
+                    continue
+                sels.append(sel)
+            parsed[kind] = sels
+        if bad:
+            problems = [f"{reason}: {_some(specs, 3)}" for reason, specs in bad.items()]
+            raise AblationError(_summarised("invalid ablation spec", problems) + f" (specs: {SPEC_HELP})")
+        pairs = {kind: resolve(sels, kind, layers, usage) for kind, sels in parsed.items()}
+        return cls(drop=pairs["drop"], force=pairs["force"], modes=tuple(modes),
+                   specs=tuple([str(s).strip() for s in drop] + [f"force {str(s).strip()}" for s in force]))
+
+    def parts(self) -> list[str]:
+        """The ablation as specs, one per layer and kind, options as ranges ("drop *:0-3")."""
+        out = []
+        for kind, pairs in (("drop", self.drop), ("force", self.force)):
+            by_layer: dict[str, list[int]] = {}
+            for l, o in pairs:
+                by_layer.setdefault(l, []).append(o)
+            out += [f"{kind} {l}:{ranges(os_)}" for l, os_ in by_layer.items()]
+        return out + [f"mode {m}" for m in self.modes]
 
     def describe(self) -> str:
-        parts = ([f"drop {l}:{o}" for l, o in self.drop] + [f"force {l}:{o}" for l, o in self.force]
-                 + [f"mode {m}" for m in self.modes])
+        """Every spec, per layer with ranges ("drop *:0,2, drop model.layers.3.mlp.gate:0-15"): exact."""
+        parts = self.parts()
         return ", ".join(parts) if parts else "none"
+
+    def summary(self, limit: int = 4) -> str:
+        """`describe()` for a line on screen: layers that drop (or force) the same options are one
+        entry ("drop 0-3 in 48 layers (model.layers.0.mlp.gate .. model.layers.47.mlp.gate)"), then at
+        most `limit` entries and how many more."""
+        entries = []
+        for kind, pairs in (("drop", self.drop), ("force", self.force)):
+            by_layer: dict[str, list[int]] = {}
+            for l, o in pairs:
+                by_layer.setdefault(l, []).append(o)
+            groups: dict[str, list[str]] = {}
+            for l, os_ in by_layer.items():
+                groups.setdefault(ranges(os_), []).append(l)
+            for opts, ls in groups.items():
+                entries.append(f"{kind} {ls[0]}:{opts}" if len(ls) == 1 else
+                               f"{kind} {opts} in {len(ls)} layers ({ls[0]} .. {ls[-1]})")
+        entries += [f"mode {m}" for m in self.modes]
+        if not entries:
+            return "none"
+        if len(entries) <= limit:
+            return ", ".join(entries)
+        return (f"{', '.join(entries[:limit])} and {len(entries) - limit} more "
+                f"({len(self.drop)} options dropped in {len({l for l, _ in self.drop})} layers)")
 
     def validate(self, layers: dict[str, int], modes: dict[str, str] | None = None) -> None:
         """Check against {layer name: number of options} and the model's ablation modes
-        ({name: what it does}; None: none); raise naming every bad entry."""
-        bad = []
+        ({name: what it does}; None: none); raise one line: each reason first, then (at most a few
+        of) the specs it concerns."""
+        bad: dict[str, list[str]] = {}
+
+        def say(reason: str, spec: str) -> None:
+            bad.setdefault(reason, []).append(spec)
+
         known = modes or {}
         for m in self.modes:
             if m not in known:
-                bad.append(f"mode {m!r}: not an ablation mode of this model "
-                           f"(modes: {', '.join(known) or 'none'})")
+                say(f"not an ablation mode of this model (modes: {', '.join(known) or 'none'})", f"mode {m!r}")
         for kind, pairs in (("drop", self.drop), ("force", self.force)):
             for l, o in pairs:
                 if l != ALL_LAYERS and l not in layers:
-                    bad.append(f"{kind} {l}:{o}: no routing layer {l!r} (layers: {', '.join(layers) or 'none'})")
+                    say(f"no such routing layer (layers: {_some(list(layers))})", f"{kind} {l}:{o}")
                     continue
                 n = min(layers.values()) if l == ALL_LAYERS and layers else layers.get(l, 0)
                 if not 0 <= o < n:
-                    bad.append(f"{kind} {l}:{o}: option {o} out of range 0..{n - 1}")
+                    say(f"option out of range 0..{n - 1}", f"{kind} {l}:{o}")
         for l, n in layers.items():
             routes = sorted({o for fl, o in self.force if fl == l or fl == ALL_LAYERS})
             if len(routes) > 1:  # "*:0" and "parallel.0:1" both route parallel.0
-                bad.append(f"force: layer {l!r} is forced to options {', '.join(map(str, routes))} "
-                           f"(by {', '.join(f'{fl}:{o}' for fl, o in self.force if fl in (l, ALL_LAYERS))}); "
-                           f"one route per layer")
+                say("one route per layer", f"layer {l!r} forced to options {_listed(routes)} (by "
+                    f"{', '.join(f'{fl}:{o}' for fl, o in self.force if fl in (l, ALL_LAYERS))})")
             if self.forced(l) is not None and self.forced(l) in self.dropped(l):
-                bad.append(f"layer {l!r}: option {self.forced(l)} is both forced and dropped")
+                say("an option both forced and dropped", f"layer {l!r} option {self.forced(l)}")
             if len(self.dropped(l)) >= n:
-                bad.append(f"drop: every option of layer {l!r} is dropped; at least one must remain")
+                say("every option of the layer dropped; at least one must remain", f"layer {l!r}")
         if bad:
-            raise AblationError("invalid ablation: " + "; ".join(bad))
+            raise AblationError(_summarised("invalid ablation", [f"{r}: {_some(specs, 3)}" for r, specs in bad.items()]))
+
+
+def _summarised(head: str, problems: list[str], limit: int = 3) -> str:
+    shown = "; ".join(problems[:limit])
+    more = f"; and {len(problems) - limit} more problems" if len(problems) > limit else ""
+    return f"{head}: {shown}{more}"
 
 
 _NONE_DROPPED: frozenset[int] = frozenset()
-_SPEC = re.compile(r"^\s*(?:(?P<layer>[\w.*]+)\s*:\s*)?(?P<option>\d+)\s*$", re.ASCII)  # ASCII: int() reads "１" too
-
-
-def _parse_spec(spec: str, kind: str) -> tuple[str, int]:
-    m = _SPEC.match(str(spec))
-    if not m:
-        raise AblationError(f"{kind} spec {spec!r}: expected OPTION or LAYER:OPTION, e.g. '1' or 'parallel.0:1'")
-    return (m["layer"] or ALL_LAYERS, int(m["option"]))
 
 
 NO_ABLATION = Ablation()

@@ -69,15 +69,16 @@ def run(model: Any, tokenizer: Any, prompt: str, *, drop: list[str] | tuple[str,
     `routescope.analysis.session.Run` with the generation (top candidates per step), the export
     table (`run.table`) and the family's views (`run.views`: name -> tidy frame + drawer).
 
-    `drop` / `force`: ablation specs as on the command line ("parallel.0:1", "1", "*:0"), `modes`:
+    `drop` / `force`: ablation specs as on the command line ("parallel.0:1", "1", "*:0-3",
+    "model.layers.*.mlp.gate:!0", "*:top8"; README "Ablation specs"), `modes`:
     named ablations of the model's family (`model.ablation_modes()`, e.g. "pgpt1-reference"), or a
     ready `ablation`; `settings`: `RunSettings` fields (max_new_tokens, greedy, temperature, top_k,
     top_p, seed, routing, top_n, options as {name: value} for the family's run options)."""
     from routescope.analysis.session import RunSettings, run_prompt
-    from routescope.core_models.runtime import Ablation
+    from routescope.analysis.usage import ablation_for
 
-    if ablation is None:
-        ablation = Ablation.parse(drop=list(drop), force=list(force), modes=list(modes))
+    if ablation is None:  # "top N" specs rank options by the unablated model's picks on this prompt
+        ablation = ablation_for(model, drop, force, modes, run_ids=lambda: [tokenizer.encode(prompt).ids])
     elif drop or force or modes:
         raise ValueError("give drop/force/modes specs or an ablation, not both")
     if isinstance(settings.get("options"), dict):

@@ -59,6 +59,9 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
     intro = (f"<p>{esc(result.description)}</p><p>Dataset <b>{esc(result.dataset)}</b>: {result.stats.n_rows:,} rows, "
              f"{result.stats.n_tokens:,} tokens (at most the first {result.max_tokens} "
              f"tokens of each row; padding never counted).</p>")
+    intro += ("<p>Routed without an ablation.</p>" if result.ablation.is_empty else
+              f"<p>Routed under the ablation <b>{esc(result.ablation.summary())}</b>: every row ran with these "
+              "options switched off (the embedded provenance lists every one).</p>")
     if other is not None:
         intro += (f"<p>Compared with <b>{esc(other.model)}</b> on the same rows: " +
                   (esc(f"not comparable: {why_not}") if why_not else "its tables are below, beside this model's, "
@@ -68,7 +71,8 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
     if all_tables is None:
         all_tables = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}
     all_tables, shortened = embedded(all_tables)
-    return render_page(title=title or f"RouteScope corpus routing: {result.model} on {result.dataset}", intro=intro,
+    under = "" if result.ablation.is_empty else f" under {result.ablation.summary(1)}"
+    return render_page(title=title or f"RouteScope corpus routing: {result.model} on {result.dataset}{under}", intro=intro,
                        pieces=draw_views(views, labels), tables=all_tables, notes=[*result.notes, *shortened],
                        extra=extra, meta=meta)
 

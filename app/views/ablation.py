@@ -5,19 +5,33 @@ Labels come from the model's routing layers (`RoutingLayer.option_labels`, numbe
 ablation specs and the export's `option` column). The widgets' values belong to one checkpoint:
 their keys carry the checkpoint's path (the browser keeps a widget's value per key) and `reset_for`
 forgets the previous checkpoint's values, so a ticked "drop path 1" never turns into a ticked
-"drop expert 1 / block 1" of the next model."""
+"drop expert 1 / block 1" of the next model.
+
+Layers of up to FEW_OPTIONS options (the seed families' 2 to 4 paths) get one Drop box per option;
+layers with more (a 64- to 256-expert MoE) get controls whose height does not grow with the model: a
+searchable "Drop everywhere" list, one layer's controls at a time behind a searchable layer picker,
+and, for every model, the spec box (the grammar of the CLI's --drop: ranges, globs, "all but", the N
+most used), so that 128 experts x 48 layers fit in about one screen."""
 from __future__ import annotations
+
+import re
 
 import streamlit as st
 
 from routescope.analysis.routing import option_names
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.runtime import ALL_LAYERS, Ablation
+from routescope.core_models.runtime import ALL_LAYERS, SPEC_HELP, Ablation, AblationError, Usage
 
 from .. import state as K
 
 AUTO = "auto"
 ALL = "all options"  # "Keep only" not set (shown as a dash)
+FEW_OPTIONS = 8  # layers with at most this many options get one checkbox per option
+SPEC_BOX_HELP = ("One spec a line (or separated by ';'), as the command line's --drop takes them: " + SPEC_HELP
+                 + ". 'force LAYER:OPTION' forces a route; 'mode NAME' a named ablation. Examples: "
+                 "'*:0-3', 'model.layers.3.mlp.gate:0-15', 'model.layers.*.mlp.gate:!0' (keep only 0), "
+                 "'*:top8' (the 8 experts each layer picks most for this prompt), '*:top8@corpus' (over the "
+                 "dataset the Corpus view last ran without an ablation).")
 
 
 def _keep_changed(scope: str, n: int) -> None:
@@ -46,8 +60,9 @@ def reset_for(path: str) -> None:
         st.session_state[K.ABLATION_OWNER] = path
 
 
-def controls(model: RouteScopeLM, scope: str) -> Ablation:
-    """The ablation the widgets describe; `scope`: the checkpoint's path (part of every key)."""
+def controls(model: RouteScopeLM, scope: str, usage: Usage | None = None) -> Ablation:
+    """The ablation the widgets describe; `scope`: the checkpoint's path (part of every key);
+    `usage(source)`: the counts "top N" specs rank by (None: such specs are refused)."""
     layers = model.routing_layers()
     modes = tuple(m for m, what in model.ablation_modes().items()
                   if st.checkbox(f"Mode: {m}", key=K.mode_key(scope, m), help=what))
@@ -55,6 +70,53 @@ def controls(model: RouteScopeLM, scope: str) -> Ablation:
         st.info("This model has no paths, blocks or experts to switch off.")
         return Ablation(modes=modes)
     labels = model.option_labels()
+    few = max(layers.values()) <= FEW_OPTIONS
+    if not few:
+        specs = _spec_box(model, scope, usage)
+    drop, force = (_checkboxes if few else _searchable)(model, scope, layers, labels)
+    if few:
+        with st.expander("Specs (ranges, all but, most used)"):
+            specs = _spec_box(model, scope, usage)
+    try:
+        return Ablation(drop=tuple(drop) + specs.drop, force=tuple(force) + specs.force, modes=modes + specs.modes,
+                        specs=specs.specs)
+    except AblationError as e:  # a spec forcing a layer the widgets force too
+        st.error(f"The specs were not applied: {e}")
+        return Ablation(drop=tuple(drop), force=tuple(force), modes=modes)
+
+
+def spec_lines(text: str) -> tuple[list[str], list[str], list[str]]:
+    """The spec box's text -> (drop specs, force specs, modes): one a line or ';'-separated, "drop " /
+    "force " / "mode " in front where wanted (so `Ablation.parts()` reads back), '#' starts a comment."""
+    drop, force, modes = [], [], []
+    for raw in re.split(r"[;\n]", text or ""):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        head, _, rest = line.partition(" ")
+        target = {"drop": drop, "force": force, "mode": modes}.get(head.lower()) if rest.strip() else None
+        (target if target is not None else drop).append(rest.strip() if target is not None else line)
+    return drop, force, modes
+
+
+def _spec_box(model: RouteScopeLM, scope: str, usage: Usage | None) -> Ablation:
+    """The specs typed in the box, resolved and checked; an error (its reason first) leaves them out."""
+    text = st.text_area("Specs", key=K.specs_key(scope), height=68, help=SPEC_BOX_HELP,
+                        placeholder="*:0-3\nmodel.layers.*.mlp.gate:top8")
+    drop, force, modes = spec_lines(text)
+    if not (drop or force or modes):
+        return Ablation()
+    try:
+        ab = Ablation.parse(drop, force, modes, layers=model.routing_layers(), usage=usage)
+        ab.validate(model.routing_layers(), model.ablation_modes())
+        return ab
+    except AblationError as e:
+        st.error(f"Specs not applied: {e}")
+        return Ablation()
+
+
+def _checkboxes(model: RouteScopeLM, scope: str, layers: dict[str, int], labels) -> tuple[list, list]:
+    """A Drop box per option everywhere, "Keep only", and per layer a multiselect and a forced route."""
     n_global = min(layers.values())
     names = option_names(labels, n=n_global)
     drop, force = [], []
@@ -78,13 +140,47 @@ def controls(model: RouteScopeLM, scope: str) -> Ablation:
                                      format_func=lambda j, l=layer: j if j == AUTO else labels[l][j])
                 if route != AUTO:
                     force.append((layer, int(route)))
-    return Ablation(drop=tuple(sorted(set(drop))), force=tuple(force), modes=modes)
+    return drop, force
+
+
+def _searchable(model: RouteScopeLM, scope: str, layers: dict[str, int], labels) -> tuple[list, list]:
+    """Many options: searchable lists, and one layer's controls at a time (its choices kept per layer)."""
+    n_global = min(layers.values())
+    names = option_names(labels, n=n_global)
+    everywhere = st.multiselect("Drop everywhere", list(range(n_global)), format_func=lambda j: names[j],
+                                key=K.drop_everywhere_key(scope), placeholder="Type to search options",
+                                help="Options dropped in every layer; for many at once use a spec (*:0-15, *:!3)")
+    drop: list = [(ALL_LAYERS, j) for j in everywhere]
+    force: list = []
+    choices: dict[str, tuple[tuple[int, ...], int | None]] = st.session_state.setdefault(K.layer_choices_key(scope), {})
+    with st.expander(f"Per layer ({len(layers)} layers)", expanded=False):
+        layer = st.selectbox("Layer", list(layers), key=K.layer_pick_key(scope),
+                             format_func=lambda l: l + ("  •" if choices.get(l, ((), None)) != ((), None) else ""),
+                             help="Type to search; a dot marks layers with choices of their own")
+        n, (dropped, forced) = layers[layer], choices.get(layer, ((), None))
+        chosen = st.multiselect("Drop in this layer", list(range(n)), default=[o for o in dropped if o < n],
+                                format_func=lambda j: labels[layer][j], key=K.drop_key(scope, layer),
+                                placeholder="Type to search options")
+        route = AUTO
+        if model.routing_modules[layer].can_force:
+            options = [AUTO] + list(range(n))
+            route = st.selectbox("Force route in this layer", options, index=0 if forced is None else forced + 1,
+                                 key=K.force_key(scope, layer),
+                                 format_func=lambda j: j if j == AUTO else labels[layer][j])
+        choices[layer] = (tuple(chosen), None if route == AUTO else int(route))
+        own = Ablation(drop=tuple((l, o) for l, (d, _) in choices.items() for o in d),
+                       force=tuple((l, f) for l, (_, f) in choices.items() if f is not None))
+        if not own.is_empty:
+            st.caption(f"Per-layer choices: {own.summary(3)}")
+    return drop + list(own.drop), force + list(own.force)
 
 
 def describe(ablation: Ablation, model: RouteScopeLM) -> str:
     """The ablation as its spec ("drop *:1") and in the layers' own words ("drop path 1")."""
     if ablation.is_empty:
         return "`none`"
+    if len(ablation.drop) + len(ablation.force) > 4:  # a long list: the summary, not one word per expert
+        return f"`{ablation.summary()}`"
     labels = model.option_labels()
 
     def word(layer: str, o: int) -> str:

@@ -2,9 +2,15 @@
 beside a second checkpoint on the same rows. Layout only: the dataset is checked by
 `analysis.corpus_data`, the statistics run as a background job (`app.corpus_resources`) while this
 view shows a progress bar and the rest of the page stays usable, and the tables come back as views
-drawn by the drawer table, in a loop that never asks which family it is looking at."""
+drawn by the drawer table, in a loop that never asks which family it is looking at.
+
+Every forward runs under the ablation at the left (the header, the summary table, the downloads and
+the page say which). The view's inputs (dataset, options, comparison) are kept in the session while
+another view is shown: Streamlit forgets the value of a widget it does not draw."""
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +21,8 @@ from routescope.analysis import corpus_data as D
 from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
 from routescope.analysis.corpus_columns import column_help
 from routescope.analysis.corpus_page import SECTIONS, frame_bytes
-from routescope.analysis.corpus_run import CorpusSettings, corpus_views, layout_of
+from routescope.analysis.corpus_run import CorpusSettings, corpus_views, layout_of, provenance
+from routescope.core_models.runtime import NO_ABLATION, Ablation
 
 from .. import corpus_resources as CR
 from .. import resources
@@ -43,11 +50,7 @@ def _dataset() -> D.CorpusData | None:
         if source == UPLOAD:
             # no `type=`: Streamlit's own refusal names a MIME type and leaves a stale chip; the reader's names the
             # formats (corpus_data's one line), and a refused file still replaces the previous one
-            f = st.file_uploader("Dataset file", key=K.CORPUS_UPLOAD, help=LIMITS)
-            if f is None:
-                st.info("Upload a dataset file to route it. " + LIMITS)
-                return None
-            return CR.uploaded(f.name, f.file_id, f.getvalue())
+            return _uploaded()
         where = st.text_input("Path on the server", key=K.CORPUS_PATH, placeholder="/data/prompts.tsv").strip()
         if not where:
             st.info("Give the path of a dataset file on the server. " + LIMITS)
@@ -58,25 +61,75 @@ def _dataset() -> D.CorpusData | None:
         return None
 
 
+def _uploaded() -> D.CorpusData | None:
+    """The uploaded dataset, kept (name, id, bytes) while another view is shown; forgotten when the
+    user removes the file from the uploader."""
+    ss, seen = st.session_state, K.kept_key(K.CORPUS_UPLOAD)
+    drawn_before = K.CORPUS_UPLOAD in ss  # False right after another view: the uploader starts empty again
+    f = st.file_uploader("Dataset file", key=K.CORPUS_UPLOAD, help=LIMITS)
+    if f is not None:
+        ss[K.CORPUS_UPLOADED] = (f.name, f.file_id, f.getvalue())
+    elif drawn_before and ss.get(seen) is not None:  # the file was removed from the uploader
+        ss.pop(K.CORPUS_UPLOADED, None)
+    ss[seen] = f.file_id if f is not None else None
+    kept = ss.get(K.CORPUS_UPLOADED)
+    if kept is None:
+        st.info("Upload a dataset file to route it. " + LIMITS)
+        return None
+    if f is None:
+        st.caption(f"Routing **{kept[0]}**, uploaded earlier in this session (upload another file to replace it).")
+    return CR.uploaded(*kept)
+
+
+def _restore(model, compare_options: list[str]) -> None:
+    """Put back the inputs kept while another view was shown (within what this model allows)."""
+    ss = st.session_state
+    for key in K.CORPUS_KEPT:
+        if key not in ss and K.kept_key(key) in ss:
+            ss[key] = ss[K.kept_key(key)]
+    if K.CORPUS_MAX_TOKENS in ss and not 1 <= ss[K.CORPUS_MAX_TOKENS] <= model.context:
+        ss[K.CORPUS_MAX_TOKENS] = min(max(1, int(ss[K.CORPUS_MAX_TOKENS])), model.context)
+    if ss.get(K.CORPUS_COMPARE, NONE) not in compare_options:  # a checkpoint that is gone
+        ss[K.CORPUS_COMPARE] = NONE
+
+
+def _remember() -> None:
+    ss = st.session_state
+    for key in K.CORPUS_KEPT:
+        if key in ss:
+            ss[K.kept_key(key)] = ss[key]
+
+
+def _default(key: str, value):
+    """A widget's default, given only when the session holds no value for it (else Streamlit warns)."""
+    return {} if key in st.session_state else {"value": value}
+
+
 def _controls(model) -> tuple[CorpusSettings, str, int, int, str | None]:
     """Settings, the intended-options text, top tokens, minimum count, and the checkpoint to compare with."""
     cols = st.columns([1, 2, 2])
-    max_tokens = cols[0].number_input("Tokens per row", 1, model.context, model.context, key=K.CORPUS_MAX_TOKENS,
-                                      help="Each row's first tokens that are routed (at most the model's context).")
+    max_tokens = cols[0].number_input("Tokens per row", 1, model.context, key=K.CORPUS_MAX_TOKENS,
+                                      help="Each row's first tokens that are routed (at most the model's context).",
+                                      **_default(K.CORPUS_MAX_TOKENS, model.context))
     intended = cols[1].text_input("Intended options", key=K.CORPUS_INTENDED, placeholder="domain:story=0,math=1",
                                   help="Label values and the 0-based option each should take, for accuracy; several "
                                        "columns separated by ';'. expected_path (1-based) and expected_option "
                                        "columns need none.")
-    others = [c for c in list_checkpoints(checkpoint_roots()) if c.problem is None]
-    names = {c.path: c.name for c in others}
+    names = _others()
     compare = cols[2].selectbox("Compare with", [NONE, *names], key=K.CORPUS_COMPARE,
                                 format_func=lambda p: names.get(p, p))
     with st.expander("Specialisation settings"):
         c = st.columns(2)
-        top = c[0].number_input("Tokens per option", 1, 100, 10, key=K.CORPUS_TOP)
-        min_count = c[1].number_input("Minimum count of a token", 1, 1000, 5, key=K.CORPUS_MIN_COUNT)
+        top = c[0].number_input("Tokens per option", 1, 100, key=K.CORPUS_TOP, **_default(K.CORPUS_TOP, 10))
+        min_count = c[1].number_input("Minimum count of a token", 1, 1000, key=K.CORPUS_MIN_COUNT,
+                                      **_default(K.CORPUS_MIN_COUNT, 5))
     return CorpusSettings(max_tokens=int(max_tokens)), intended, int(top), int(min_count), \
         (None if compare == NONE else compare)
+
+
+def _others() -> dict[str, str]:
+    """Checkpoints to compare with: path -> name."""
+    return {c.path: c.name for c in list_checkpoints(checkpoint_roots()) if c.problem is None}
 
 
 @st.fragment(run_every=POLL_SECONDS)
@@ -106,50 +159,91 @@ def _show_pieces(pieces: dict[str, dict]) -> None:
                 st.plotly_chart(piece, key=f"corpus_fig_{name}", width="stretch")
 
 
+def file_stem(result, other=None) -> str:
+    """What a download's name starts with: the checkpoint(s), the dataset, and "ablated" under an ablation."""
+    parts = [result.model, *(["vs", other.model] if other is not None else []), Path(result.dataset).stem]
+    parts += [] if result.ablation.is_empty else ["ablated"]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts))
+
+
 def _downloads(result, tables: dict, compared: dict | None, other, why: str | None, labels) -> None:
-    stem = f"{result.model}_{Path(result.dataset).stem}".replace(" ", "_")
-    everything = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}
-    with st.expander("Download the tables (CSV, Parquet) and the whole view (HTML, works offline)"):
-        st.download_button("corpus.html (this view as one page)",
-                           lambda: page(result, tables, labels, other=other, compared=compared, why_not=why),
-                           f"{stem}_corpus.html", "text/html", key="dl_corpus_html", on_click="ignore")
+    """Every file named by the dataset (and the checkpoints) it holds; Parquet files and corpus.json
+    carry the provenance (checkpoints, weights digests, dataset digest, ablation, settings)."""
+    meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
+    files = {name: (file_stem(result), df) for name, df in tables.items()}
+    files |= {f"compare_{name}": (file_stem(result, other), df) for name, df in (compared or {}).items()}
+    both = file_stem(result, other if compared else None)
+    under = "" if result.ablation.is_empty else f" under `{result.ablation.summary(2)}`"
+    with st.expander(f"Download the tables of {result.dataset} through {result.model}{under} (CSV, Parquet), the "
+                     "whole view (HTML, works offline) and its provenance (JSON)"):
+        top = st.columns(2)
+        top[0].download_button("corpus.html (this view as one page)",
+                               lambda: page(result, tables, labels, other=other, compared=compared, why_not=why),
+                               f"{both}_corpus.html", "text/html", key="dl_corpus_html", on_click="ignore")
+        top[1].download_button("corpus.json (provenance)", json.dumps(meta, indent=1, ensure_ascii=False).encode(),
+                               f"{both}_corpus.json", "application/json", key="dl_corpus_json", on_click="ignore")
         cols = st.columns(4)
-        for i, (name, df) in enumerate(everything.items()):
+        for i, (name, (stem, df)) in enumerate(files.items()):
             for j, fmt in enumerate(("csv", "parquet")):
                 cols[(2 * i + j) % 4].download_button(  # bytes now (small tables): the page's one deferred file is HTML
-                    f"{name}.{fmt}", frame_bytes(df, fmt), f"{stem}_{name}.{fmt}",
+                    f"{name}.{fmt}", frame_bytes(df, fmt, meta), f"{stem}_{name}.{fmt}",
                     "text/csv" if fmt == "csv" else "application/octet-stream", key=f"dl_corpus_{name}_{fmt}",
                     on_click="ignore")
 
 
-def show(model, tok, path: str, mtime: float) -> None:
+def show(model, tok, path: str, mtime: float, ablation: Ablation = NO_ABLATION) -> None:
+    """`ablation`: the one at the left, which every forward of the corpus runs under."""
     st.caption("How this checkpoint routes over a dataset: utilisation with dead and overloaded options, routes by "
                "label, accuracy against intended options, token specialisation and co-routing across layers. "
                + LIMITS)
-    data = _dataset()
-    if data is None:
+    if ablation.is_empty:
+        st.caption("Routed without an ablation (switch options off at the left to route the dataset under it).")
+    else:
+        st.info(f"Routed under the ablation at the left: `{ablation.summary()}`. Every row runs with it; the "
+                "summary table, the downloads and the page record it.")
+    try:
+        ablation.validate(model.routing_layers(), model.ablation_modes())
+    except ValueError as e:  # the statistics would not be of the ablation the page shows: none are made
+        st.error(f"Not routed: {e}. Change the ablation at the left.")
         return
-    st.caption(data.describe())
-    for note in data.notes:
-        st.caption(note)
-    settings, intended_text, top, min_count, other_path = _controls(model)
+    _restore(model, [NONE, *_others()])
+    try:
+        data = _dataset()
+        if data is None:
+            return
+        st.caption(data.describe())
+        for note in data.notes:
+            st.caption(note)
+        settings, intended_text, top, min_count, other_path = _controls(model)
+    finally:
+        _remember()
+    _results(model, path, mtime, ablation, data, settings, intended_text, top, min_count, other_path)
+
+
+def _results(model, path: str, mtime: float, ablation: Ablation, data, settings, intended_text: str, top: int,
+             min_count: int, other_path: str | None) -> None:
     try:
         intended = S.parse_intended([s for s in intended_text.split(";") if s.strip()])
     except ValueError as e:
         show_error(e)
         intended = {}
-    jobs, names = [CR.job(path, mtime, data, settings)], [Path(path).name]
-    keys = [CR.job_key(path, mtime, data, settings)]
+    jobs, names = [CR.job(path, mtime, data, settings, ablation)], [Path(path).name]
+    keys = [CR.job_key(path, mtime, data, settings, ablation)]
     why = None
     if other_path is not None:
         other_mtime = resources.stamp(other_path)
         other_model, _ = resources.load(other_path, other_mtime)
         why = S.comparable(layout_of(model, data.label_columns), layout_of(other_model, data.label_columns),
                            (names[0], Path(other_path).name))
+        if why is None and not ablation.is_empty:  # both run under the same options switched off
+            try:
+                ablation.validate(other_model.routing_layers(), other_model.ablation_modes())
+            except ValueError as e:
+                why = f"the ablation at the left does not apply to it ({e})"
         if why is None:
-            jobs.append(CR.job(other_path, other_mtime, data, settings))
+            jobs.append(CR.job(other_path, other_mtime, data, settings, ablation))
             names.append(Path(other_path).name)
-            keys.append(CR.job_key(other_path, other_mtime, data, settings))
+            keys.append(CR.job_key(other_path, other_mtime, data, settings, ablation))
         else:
             st.warning(f"Not compared with {Path(other_path).name}: {why}.")
     if any(j.running for j in jobs):
@@ -161,6 +255,8 @@ def show(model, tok, path: str, mtime: float) -> None:
             st.error(f"{n}: {err}")
         return
     result = CR.result(keys[0])
+    if ablation.is_empty:  # what "top N@corpus" specs rank by
+        st.session_state.setdefault(K.CORPUS_LAST, {})[path] = keys[0]
     try:
         if result.layout.routes:
             S.check_intended(intended, result.layout)
@@ -173,7 +269,7 @@ def show(model, tok, path: str, mtime: float) -> None:
     other = CR.result(keys[1]) if len(keys) == 2 else None
     st.caption(f"{result.stats.n_rows:,} rows, {result.stats.n_tokens:,} tokens routed in "
                + " and ".join(f"{j.seconds:.2f} s ({n})" for n, j in zip(names, jobs))
-               + "; cached per checkpoint, dataset and settings.")
+               + "; cached per checkpoint, dataset, settings and ablation.")
     if not result.layout.routes:
         st.info(result.description)
     for note in result.notes:

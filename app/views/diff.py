@@ -45,7 +45,8 @@ def show(base: Run, ablated: Run, effects, tokenizer) -> None:
                         "the unablated continuation")
     cols[3].metric("top-1 flips", f"{int(steps[C.FLIPPED].sum())} of {len(steps)}",
                    help="Steps of the unablated continuation at which the ablated model's most likely next "
-                        "token differs (both models read the same unablated tokens)")
+                        "token (argmax id) differs (both models read the same unablated tokens); two tokens tied "
+                        "within rounding in either model are no flip")
     st.caption(f"Changed tokens, mean KL and top-1 flips all count the {n_gen} generated tokens (the chart below "
                f"has every position, the prompt's too, in rows of {TOKEN_WINDOW}). Changed tokens compares the two continuations as each "
                f"model generated them; KL and flips are measured with both models reading the unablated "
@@ -57,4 +58,14 @@ def show(base: Run, ablated: Run, effects, tokenizer) -> None:
     right.markdown(diff_html(diff, "ablated"), unsafe_allow_html=True)
     st.caption(DIFF_LEGEND)
     st.plotly_chart(kl_figure(effects, base.tokens, base.n_prompt), key="kl_chart", width="stretch")
-    st.caption(DIVIDER_LEGEND)
+    st.caption(f"{kl_note(effects)} {DIVIDER_LEGEND}")
+
+
+def kl_note(effects) -> str:
+    """What the KL chart's numbers are: float64 sums clamped at 0 (said with how many were), and what a flip is."""
+    clamped, lowest = effects.attrs.get("kl_clamped", 0), effects.attrs.get("kl_lowest", 0.0)
+    note = ("KL is summed in float64 and never drawn below zero: "
+            + (f"{clamped} position{'s' if clamped != 1 else ''} summed to a rounding-level negative value "
+               f"(lowest {lowest:.1e} nats), shown as 0." if clamped else "no position summed below zero."))
+    return note + (" A top-1 flip (red) is a change of the most likely token's id; two tokens tied within "
+                   "rounding in either model are no flip.")

@@ -70,3 +70,55 @@ def test_generation_diff_of_real_generations():
     assert kept[C.BASE_PROB].tolist() == [s.prob for s in base.steps]
     same = df[~df[C.CHANGED]]
     assert (same[C.BASE_TOKEN_ID] == same[C.ABLATED_TOKEN_ID]).all()
+
+
+class FixedLogits(torch.nn.Module):
+    """A stand-in model whose logits are given: `base` unablated, `ablated` under any ablation."""
+
+    def __init__(self, base: torch.Tensor, ablated: torch.Tensor) -> None:
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # model_device reads a parameter
+        self.base, self.ablated = base, ablated
+
+    def forward(self, ids, ablation=None, **_):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=(self.base if ablation is None or ablation.is_empty else self.ablated).clone())
+
+
+def test_a_flip_is_a_real_change_of_the_top_token_not_a_tie():
+    """Positions: 0 a decisive swap (a flip); 1 the two top logits tied in the base model and one ulp
+    apart after the ablation (argmax ids differ: rounding, no flip); 2 decisive in the base model, a
+    rounding-level tie the other way after it (no flip); 3 nothing changes."""
+    V = 6
+    base = torch.zeros(1, 4, V)
+    abl = torch.zeros(1, 4, V)
+    base[0, 0, 1], abl[0, 0, 2] = 3.0, 3.0
+    base[0, 1, [1, 2]] = 2.0
+    abl[0, 1, 1], abl[0, 1, 2] = 2.0, torch.nextafter(torch.tensor(2.0), torch.tensor(3.0))
+    base[0, 2, 1] = 2.0
+    abl[0, 2, 1], abl[0, 2, 2] = 2.0, torch.nextafter(torch.tensor(2.0), torch.tensor(3.0))
+    base[0, 3, 4] = abl[0, 3, 4] = 1.0
+    df = ablation_effects(FixedLogits(base, abl), torch.zeros(4, dtype=torch.long), Ablation(drop=(("x", 0),)))
+    assert (df[C.BASE_TOP] != df[C.ABLATED_TOP]).tolist() == [True, True, True, False]  # argmax ids
+    assert df[C.FLIPPED].tolist() == [True, False, False, False]
+
+
+def test_kl_is_never_negative_and_the_clamp_is_counted():
+    """Near-identical distributions (rounding-level differences) over many rows: every KL >= 0, each
+    equal to a float64 sum done by hand (clamped at 0), and the clamped rows counted in attrs."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 400, 50, generator=g) * 4
+    abl = base + torch.randn(base.shape, generator=g) * 1e-7  # under an ulp of most logits: true KL ~1e-14
+    df = ablation_effects(FixedLogits(base, abl), torch.zeros(400, dtype=torch.long), Ablation(drop=(("x", 0),)))
+    p, q = torch.log_softmax(base.double(), -1)[0], torch.log_softmax(abl.double(), -1)[0]
+    raw = [float(sum(p[t, v].exp() * (p[t, v] - q[t, v]) for v in range(50))) for t in range(400)]
+    assert (df[C.KL] >= 0).all()
+    scale = (p.exp() * (p.abs() + q.abs())).sum(-1)  # the size of the sum's rounding, in float64 eps
+    eps64 = torch.finfo(torch.float64).eps
+    for t in range(400):
+        assert abs(df[C.KL].iloc[t] - max(0.0, raw[t])) <= 64 * eps64 * float(scale[t])
+    # some sums came out below zero here (rounding): clamped, counted, and the lowest is rounding-sized
+    assert df.attrs["kl_clamped"] > 0 and df.attrs["kl_lowest"] < 0
+    assert -df.attrs["kl_lowest"] <= 64 * eps64 * float(scale.max())
+    assert (df[C.KL] == 0).sum() >= df.attrs["kl_clamped"]

@@ -250,9 +250,14 @@ def test_views_that_need_no_run_survive_a_failed_one(broken):
         for j in (0, 1):
             at.checkbox(key=K.drop_global_key(scope, j)).check().run()
     said = [w.value for w in at.warning] + [e.value for e in at.error]
-    assert any(("empty" if broken == "empty prompt" else "every option of layer") in s for s in said), said
+    assert any(("empty" if broken == "empty prompt" else "every option of the layer") in s for s in said), said
     assert at.segmented_control(key=K.VIEW).value == "Routing"  # the view picker is still there
     view(at, "Corpus")
+    if broken == "invalid ablation":  # the Corpus view runs under the ablation at the left: it says why it cannot
+        assert not at.exception
+        (err,) = [e.value for e in at.error]
+        assert err.startswith("Not routed: invalid ablation: every option of the layer dropped") and not at.dataframe
+        return
     deadline = time.time() + 120
     while at.get("progress") and time.time() < deadline:  # the corpus job runs in the background
         time.sleep(0.3)

@@ -51,7 +51,7 @@ def test_a_mode_the_family_lacks_is_one_line(capsys, tmp_path):
                  ["export", ROOT / "moep", "--prompt", "hi", "--out", tmp_path / "o.csv", "--mode", "pgpt1-reference"]):
         code, out, err = run(argv, capsys)
         assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
-        assert "mode 'pgpt1-reference': not an ablation mode of this model" in err
+        assert "invalid ablation: not an ablation mode of this model" in err and "mode 'pgpt1-reference'" in err
     assert not any(tmp_path.iterdir())
 
 

@@ -96,9 +96,10 @@ def test_huge_thread_count_is_refused_not_a_crash(tmp_path):
 
 
 def test_drop_specs_take_ascii_digits_only(capsys, tmp_path):
-    assert_refused(["generate", CK, "hi", "--drop", "\uff11"], capsys, tmp_path, "generate", "drop spec", "'\uff11'")
+    assert_refused(["generate", CK, "hi", "--drop", "\uff11"], capsys, tmp_path, "generate",
+                   "invalid ablation spec: cannot read the options: drop '\uff11'")
     assert_refused(["export", CK, "--prompt", "hi", "--out", tmp_path / "o.csv", "--force", "parallel.0:\u0661"],
-                   capsys, tmp_path, "export", "force spec")
+                   capsys, tmp_path, "export", "cannot read the options: force 'parallel.0:\u0661'")
 
 
 # --- export outputs and prompt files ------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_pgpt1_reference_mode_runs_the_heaviest_path_without_ln_f(key):
 
 
 def test_an_ablation_mode_the_model_lacks_is_named():
-    with pytest.raises(AblationError, match="mode 'pgpt1-reference': not an ablation mode of this model"):
+    with pytest.raises(AblationError, match="not an ablation mode of this model .*: mode 'pgpt1-reference'"):
         tiny_model("moep")(torch.randint(0, 97, (1, 4)), ablation=Ablation.parse(modes=["pgpt1-reference"]))
     with pytest.raises(AblationError, match="modes: pgpt1-reference"):
         tiny_model("pgpt")(torch.randint(0, 97, (1, 4)), ablation=Ablation.parse(modes=["pgpt-2"]))
@@ -138,7 +138,7 @@ def test_pagmlp_pathway_drop_zeroes_that_half():
 
 @pytest.mark.parametrize("spec,match", [
     (dict(drop=["parallel.9:0"]), "parallel.9"), (dict(drop=["7"]), "out of range"),
-    (dict(drop=["0", "1", "2", "3"]), "every option"), (dict(drop=["par allel:1"]), "expected OPTION"),
+    (dict(drop=["0", "1", "2", "3"]), "every option"), (dict(drop=["par allel:1"]), "bad layer name"),
 ])
 def test_bad_ablation_is_named(spec, match):
     model = tiny_model("gumbel_v1")
