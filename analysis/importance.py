@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -654,3 +654,14 @@ def _pruning(model, tokens, scope, imp, use, prune_n, settings, fast, base_loss,
         draws="count").reset_index()
     curve["delta_loss"] = curve["loss"] - base_loss
     return {"pruning": pr, "pruning_curve": curve}
+
+
+def dataset_loss(model: Any, tokenizer: Any, data: CorpusData, settings: ImportanceSettings,
+                 ablation: Ablation) -> tuple[float, float]:
+    """(unablated, ablated) mean next-token NLL over the dataset's tokens as the sweep takes them."""
+    run_model = float32_copy(model) if settings.float32 else model
+    tokens = tokens_of(data, tokenizer, model.context, settings.max_tokens)
+    with torch.inference_mode():
+        sums = measure(run_model, tokens, [ablation], replace(settings, method="naive"), fast=False)
+    n = tokens.positions.sum()
+    return float(sums.base_nll.sum() / n), float((sums.base_nll.sum() + sums.d_nll[0].sum()) / n)

@@ -3,6 +3,7 @@ by masking its router logit before the top-k), the fast path (prefix reuse, many
 forward) equal to the naive loop, resumed runs equal to whole ones, bad input refused in one line."""
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 
@@ -215,3 +216,14 @@ def test_a_routescope_family_runs_the_naive_loop():
             total += float((b.gather(-1, tgt) - a.gather(-1, tgt)).sum())
             n += len(row) - 1
     assert t.iloc[0]["delta_nll"] == pytest.approx(total / n, abs=FORWARD_EPS * EPS32 * 10)
+
+
+def test_rs_importance_returns_the_frames(tmp_path):
+    import routescope as rs
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:3]), encoding="utf-8")
+    model, tok = rs.load(OLMOE)
+    frames = rs.importance(model, tok, data, layers=["model.layers.0.mlp.gate"], options=[0, 1, 2], control_draws=2)
+    assert set(frames) == {"importance", "control", "control_summary", "proxies", "proxy_agreement"}
+    assert list(frames["importance"]["option"]) == [0, 1, 2]
