@@ -585,7 +585,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
             "predicted_positions": int(n), "base_loss": base_loss,
             "effects_dtype": str(next(run_model.parameters()).dtype).removeprefix("torch."),
             "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "method": "prefix reuse + batched ablations" if fast else "one full forward per ablation",
+            "method": (f"prefix reuse, {settings.ablations_per_forward or per_forward_default(run_model.device)} "
+                       "ablation(s) per forward") if fast else "one full forward per ablation",
             "settings": asdict(settings), "seconds": round(time.perf_counter() - t0, 3), "routescope": _version()}
     return ImportanceResult(tables, prov, notes)
 
