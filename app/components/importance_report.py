@@ -3,7 +3,7 @@ no Streamlit, so the CLI's page and the app's Experts view draw the same figures
 
 - heatmap: layer x option of `delta_nll`, options in their order or sorted by effect per layer; a
   cell whose interval lies outside its layer's random-expert control is marked ★;
-- proxies: each cheap proxy against `delta_nll`, one panel per proxy, with its Spearman per layer;
+- proxies: each cheap proxy against `delta_nll`, one panel per proxy (Spearman per layer on hover);
 - pruning: the dataset loss against experts pruned per layer, one curve per ranking (the random
   ranking with its interval over draws).
 """
@@ -14,20 +14,22 @@ from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from routescope.analysis.corpus_page import html_table, render_page
 from routescope.analysis.importance import outside_control
 
-PROXIES = (("usage", "usage (share of top-k slots)"), ("gate_usage", "gate-weighted usage"),
-           ("reap", "REAP: router weight x expert output norm"))
+PROXIES = (("usage", "usage"), ("gate_usage", "gate-weighted usage"), ("reap", "REAP"))
 SECTIONS = {
     "heatmap": ("Causal importance", "Mean next-token NLL with each expert dropped alone minus without, over every "
                 "predicted position of the dataset (teacher-forced). ★: its 95% bootstrap interval lies outside the "
                 "interval of its layer's random-expert control."),
-    "proxies": ("Cheap proxies against the causal effect", "Each proxy against delta_nll per expert; the legend "
-                "gives Spearman's rho per layer: where it is low, the proxy does not rank experts as dropping them does."),
+    "proxies": ("Cheap proxies against the causal effect", "Each proxy against delta_nll per expert (REAP: mean "
+                "over the tokens routed to the expert of router weight x the norm of its output). Hover a point for its "
+                "layer's Spearman rho, listed in the proxy agreement table: where it is low, the proxy does not rank "
+                "experts as dropping them does."),
     "pruning": ("Pruning what-if", "Dataset loss with the N least important experts of every layer dropped at once, "
                 "ranked by causal effect, by usage and at random (band: 95% of the random draws)."),
 }
@@ -67,15 +69,17 @@ def heatmap(tables: Mapping[str, pd.DataFrame], sort: bool = False) -> go.Figure
 def proxies(tables: Mapping[str, pd.DataFrame]) -> go.Figure:
     prox, agree = tables["proxies"], tables["proxy_agreement"]
     shown = [(c, t) for c, t in PROXIES if c in prox and prox[c].notna().any()]
-    fig = make_subplots(rows=1, cols=max(1, len(shown)), subplot_titles=[t for _, t in shown], shared_yaxes=True)
+    colors = px.colors.qualitative.Plotly
+    fig = make_subplots(rows=1, cols=max(1, len(shown)), shared_yaxes=True, subplot_titles=[t for _, t in shown])
     for j, (col, _) in enumerate(shown, start=1):
         for layer, g in prox.groupby("layer", sort=False):
             rho = agree[(agree["layer"] == layer) & (agree["proxy"] == col)]["spearman"]
             r = f"{float(rho.iloc[0]):.2f}" if len(rho) and np.isfinite(rho.iloc[0]) else "n/a"
-            fig.add_trace(go.Scatter(x=g[col], y=g["delta_nll"], mode="markers", name=f"{layer} (ρ {r})",
-                                     legendgroup=f"{layer}-{col}", text=g["label"],
+            fig.add_trace(go.Scatter(x=g[col], y=g["delta_nll"], mode="markers", name=f"{layer}",
+                                     legendgroup=layer, showlegend=j == 1, text=g["label"],
+                                     marker=dict(color=colors[list(prox["layer"].unique()).index(layer) % len(colors)]),
                                      hovertemplate=f"{layer}<br>%{{text}}<br>{col} %{{x:.4g}}<br>ΔNLL %{{y:.4g}}"
-                                                   "<extra></extra>"), row=1, col=j)
+                                                   f"<br>Spearman ρ {r}<extra></extra>"), row=1, col=j)
     fig.update_yaxes(title_text="delta_nll", row=1, col=1)
     fig.update_layout(height=380, margin=dict(l=10, r=10, t=40, b=40))
     return fig
