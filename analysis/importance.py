@@ -493,10 +493,17 @@ def float32_copy(model: Any) -> Any:
 def importance(model: Any, tokenizer: Any, data: CorpusData, settings: ImportanceSettings = ImportanceSettings(), *,
                name: str = "model", weights_sha256: str | None = None, cache_dir: Path | None = None,
                progress: Callable[[int, int], None] | None = None,
-               stop: Callable[[], bool] | None = None) -> ImportanceResult:
+               stop: Callable[[], bool] | None = None, engine: str = "local", checkpoint: str | Path | None = None,
+               workers: int = 2) -> ImportanceResult:
     """Every table of the sweep (module doc): importance, control, control_summary, proxies,
     proxy_agreement, pruning, pruning_curve. `progress(done, total)` counts rows x passes; `stop()`
-    True ends with `corpus_run.Stopped`; `cache_dir` keeps measured rows so a rerun resumes."""
+    True ends with `corpus_run.Stopped`; `cache_dir` keeps measured rows so a rerun resumes.
+    `engine="ray"`: the ablations are cut into `workers` chunks, each measured by a Ray task that
+    loads `checkpoint` itself (`measure_ray`; no cache, progress per chunk)."""
+    if engine not in ("local", "ray"):
+        raise ValueError(f"engine {engine!r}: use local or ray")
+    if engine == "ray" and checkpoint is None:
+        raise ValueError("engine ray: the workers load the checkpoint: give its directory")
     t0 = time.perf_counter()
     scope = scope_of(model, settings.layers, settings.options)
     notes: list[str] = []
@@ -534,8 +541,12 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         usage_done.append(True)
 
     with torch.inference_mode():
-        sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                       on_prefix=on_prefix, cache=cache, key=key, total=total)
+        if engine == "ray":
+            sums = measure_ray(checkpoint, tokens, list(ablations), settings, fast, workers)
+            measure(run_model, tokens, [], settings, fast=fast, on_prefix=on_prefix)  # usage and REAP, here
+        else:
+            sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
+                           on_prefix=on_prefix, cache=cache, key=key, total=total)
         if cache is not None and len(usage_done) < len(_batches(tokens, settings.batch_size, 0)):
             # rows measured before an interruption: their usage is counted again by one plain pass
             usage = Usage(run_model, scope)
@@ -576,7 +587,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         with torch.inference_mode():
             tables.update(_pruning(run_model, tokens, scope, imp, use, prune_n, settings, fast, base_loss,
                                    progress=progress, stop=stop, done_before=len(tokens.ids), total=total,
-                                   cache=cache_dir if cache is not None else None, key_parts=key_parts))
+                                   cache=cache_dir if cache is not None else None, key_parts=key_parts,
+                                   ray=(checkpoint, workers) if engine == "ray" else None))
     elif settings.prune_max != 0:
         notes.append("no pruning curve: it needs every routed option of each layer measured (no --options)")
     prov = {"model": name, "family": model.config.family, "label": model.config.label,
@@ -635,7 +647,7 @@ def pruning_ablation(order: dict[str, list[int]], n: int) -> Ablation:
 
 
 def _pruning(model, tokens, scope, imp, use, prune_n, settings, fast, base_loss, *, progress, stop, done_before,
-             total, cache, key_parts) -> dict[str, pd.DataFrame]:
+             total, cache, key_parts, ray=None) -> dict[str, pd.DataFrame]:
     rng = np.random.default_rng(settings.seed + 1)
     orders = {("causal", 0): ranked(imp, scope, "delta_nll"), ("usage", 0): ranked(use.fillna(0), scope, "usage")}
     for d in range(settings.prune_draws):
@@ -649,9 +661,12 @@ def _pruning(model, tokens, scope, imp, use, prune_n, settings, fast, base_loss,
                 ablations.setdefault(ab, len(ablations))
             plan.append((ranking, n, d, ab, ", ".join(f"{l}:{o}" for l, os_ in order.items() for o in os_[:n])))
     key = cache_key({**key_parts, "pruning": [a.describe() for a in ablations]})
-    sums = measure(model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                   cache=cache / f"pruning-{key}.safetensors" if cache is not None else None, key=key,
-                   done_before=done_before, total=total)
+    if ray is not None:
+        sums = measure_ray(ray[0], tokens, list(ablations), settings, fast, ray[1])
+    else:
+        sums = measure(model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
+                       cache=cache / f"pruning-{key}.safetensors" if cache is not None else None, key=key,
+                       done_before=done_before, total=total)
     n_pos = tokens.positions.sum()
     rows = []
     for ranking, n, d, ab, dropped in plan:
@@ -675,3 +690,54 @@ def dataset_loss(model: Any, tokenizer: Any, data: CorpusData, settings: Importa
         sums = measure(run_model, tokens, [ablation], replace(settings, method="naive"), fast=False)
     n = tokens.positions.sum()
     return float(sums.base_nll.sum() / n), float((sums.base_nll.sum() + sums.d_nll[0].sum()) / n)
+
+
+# --- Ray: chunks of the sweep on workers -----------------------------------------------------------------
+
+def _measure_chunk(files: dict[str, bytes], tokens: Tokens, ablations: list[Ablation], settings: ImportanceSettings,
+                   fast: bool) -> tuple[np.ndarray, ...]:
+    """A Ray task: the checkpoint from its files (in a temporary directory), then `measure`."""
+    import tempfile
+
+    from routescope.core_models.checkpoint import load_checkpoint
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="rs-imp-") as d:
+        for name, data in files.items():
+            (Path(d) / name).write_bytes(data)
+        model, _ = load_checkpoint(d, dtype="float32" if settings.float32 else "auto")
+    with torch.inference_mode():
+        s = measure(model, tokens, ablations, settings, fast=fast and getattr(model, "can_resume", False))
+    return s.d_nll, s.kl, s.flips, s.base_nll
+
+
+def measure_ray(checkpoint: str | Path, tokens: Tokens, ablations: list[Ablation], settings: ImportanceSettings,
+                fast: bool, workers: int) -> Sums:
+    """`measure` with the ablations cut into `workers` chunks, each a Ray task (a local cluster is
+    started, and stopped after, unless Ray is running or RAY_ADDRESS names one); the same numbers as
+    one process (each ablation runs the same batches)."""
+    import shutil
+
+    import ray
+
+    from .distributed import _checkpoint_files, _connect
+
+    sums = Sums.empty(len(ablations), len(tokens.ids))
+    sums.done[:] = True
+    if not ablations:
+        return sums
+    started, tmp = _connect(workers, 1)
+    try:
+        task = ray.remote(num_cpus=1)(_measure_chunk)
+        files = ray.put(_checkpoint_files(checkpoint))
+        chunks = [c for c in np.array_split(np.arange(len(ablations)), workers) if len(c)]
+        parts = ray.get([task.remote(files, tokens, [ablations[i] for i in c], settings, fast) for c in chunks])
+    finally:
+        if started:
+            ray.shutdown()
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+    for c, (d, k, f, base) in zip(chunks, parts):
+        sums.d_nll[c], sums.kl[c], sums.flips[c] = d, k, f
+        sums.base_nll = base
+    return sums

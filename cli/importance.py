@@ -2,7 +2,7 @@
 offline page, and optionally a pruned checkpoint.
 
     routescope importance CHECKPOINT --data FILE --out DIR [--layers L,L] [--options 0,3]
-        [--max-tokens N] [--prune N --prune-out DIR]
+        [--max-tokens N] [--engine ray] [--prune N --prune-out DIR]
 
 Writes into DIR (made if missing; files of the same names are replaced): importance, control,
 control_summary, proxies, proxy_agreement, pruning and pruning_curve as `.csv` and `.parquet`,
@@ -44,6 +44,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--method", choices=("fast", "naive"), default="fast",
                    help="fast: prefix reuse and many ablations per forward where the model allows; naive: one full "
                         "forward per ablation (the same numbers)")
+    c.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="ray: chunks of the sweep on Ray workers (a local cluster, or the one in RAY_ADDRESS); the "
+                        "same numbers as one process")
+    c.add_argument("--workers", type=O.positive_int, default=2, help="Ray workers (--engine ray)")
     c.add_argument("--model-dtype", action="store_true",
                    help="measure in the dtype the model runs in (default: a float32 copy: in bfloat16 rounding alone "
                         "moves log p by about as much as a single expert's effect)")
@@ -100,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             bar.update(done - bar.n)
 
         result = I.importance(model, tok, data, settings, name=name, weights_sha256=weights_sha256(args.checkpoint),
-                              cache_dir=out / ".importance-cache", progress=progress)
+                              cache_dir=out / ".importance-cache", progress=progress, engine=args.engine,
+                              checkpoint=args.checkpoint, workers=args.workers)
     from routescope.app.components.importance_report import page  # plotly only, no Streamlit
 
     written = P.write_tables(result.tables, out)

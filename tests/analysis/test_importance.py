@@ -227,3 +227,17 @@ def test_rs_importance_returns_the_frames(tmp_path):
     frames = rs.importance(model, tok, data, layers=["model.layers.0.mlp.gate"], options=[0, 1, 2], control_draws=2)
     assert set(frames) == {"importance", "control", "control_summary", "proxies", "proxy_agreement"}
     assert list(frames["importance"]["option"]) == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_ray_engine_equals_one_process():
+    pytest.importorskip("ray", reason="ray is not installed (the distributed extra)")
+    model, tok = load_checkpoint(OLMOE, dtype="float32")
+    s = ImportanceSettings(layers=("model.layers.0.mlp.gate", "model.layers.3.mlp.gate"), max_tokens=150,
+                           control_draws=2, prune_draws=2, prune_max=2)
+    one = importance(model, tok, corpus(), s)
+    ray_ = importance(model, tok, corpus(), s, engine="ray", checkpoint=OLMOE, workers=2)
+    for name in ("importance", "control", "proxies", "pruning_curve"):
+        a, b = one[name], ray_[name]
+        num = a.select_dtypes("number").columns
+        assert np.array_equal(a[num].to_numpy(float), b[num].to_numpy(float), equal_nan=True), name
