@@ -11,7 +11,7 @@ from routescope.app import resources  # noqa: E402  (set_page_config must come f
 from routescope.app import corpus_resources as CR  # noqa: E402
 from routescope.app import state as K  # noqa: E402
 from routescope import families  # noqa: E402
-from routescope.app.views import ablation, attribution, corpus, diff, export, generation, routing, sidebar  # noqa: E402
+from routescope.app.views import ablation, attribution, corpus, diff, experts, export, generation, routing, sidebar  # noqa: E402,E501
 from routescope.analysis.prompts import prompt_problem  # noqa: E402
 from routescope.app.components.messages import show_error  # noqa: E402
 from routescope.app.components.route_grid import CSS as STYLES  # noqa: E402
@@ -19,7 +19,7 @@ from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
 from routescope.core_models.runtime import Ablation, AblationError  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
-VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Export"]  # every family's
+VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Experts", "Export"]  # every family's
 PAGES_AFTER = "Attribution"  # a family's own pages (its spec's) come after this view
 DEFAULT_VIEW = "Routing"  # a new user sees the routing heatmap (and the text it routes) without a click
 
@@ -29,7 +29,7 @@ def error_box(where: str, e: Exception) -> None:
     st.error(f"{where}: {e}" if isinstance(e, ValueError) else f"{where}: {type(e).__name__}: {e}")
 
 
-NEEDS_NO_RUN = ("Corpus",)  # views that read neither the prompt nor its run (family pages neither): shown when those fail
+NEEDS_NO_RUN = ("Corpus", "Experts")  # views that read neither the prompt nor its run (family pages neither): shown when those fail
 
 
 @st.fragment
@@ -122,6 +122,8 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
         attribution.show(cur, model, tok, path, mtime)
     elif view == "Corpus":
         corpus.show(model, tok, path, mtime, ab)
+    elif view == "Experts":
+        experts.show(model, tok, path, mtime)
     else:
         extra = {label: table for p in pages.values() if p.tables for label, table in
                  p.tables(model, path, mtime, cur.ablation).items()}  # the family's pages' tables

@@ -101,3 +101,15 @@ CORPUS_LAST = "corpus_last"  # {checkpoint path: job key} of the last finished c
 def kept_key(key: str) -> str:
     """Where a view's input is kept while the view is not drawn."""
     return f"{key}::kept"
+
+# Experts view (causal expert importance)
+EXPERTS_SOURCE = "experts_source"
+EXPERTS_SHIPPED = "experts_shipped"
+EXPERTS_UPLOAD = "experts_upload"
+EXPERTS_PATH = "experts_path"
+EXPERTS_LAYERS = "experts_layers"
+EXPERTS_MAX_TOKENS = "experts_max_tokens"
+EXPERTS_DRAWS = "experts_draws"
+EXPERTS_RUN = "experts_run"
+EXPERTS_CANCEL = "experts_cancel"
+EXPERTS_SORT = "experts_sort"

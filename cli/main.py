@@ -24,7 +24,7 @@ from . import options as O
 
 # one module per command, in the order `routescope --help` lists them; each has add(sub) and run(args)
 COMMANDS = ("generate", "tokenizer", "train", "compose", "app", "import_", "export", "routes", "attribute",
-            "report", "corpus")
+            "report", "corpus", "importance")
 STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s))  # SIGINT: Python's own
 
 

@@ -115,10 +115,13 @@ class RouteScopeLM(nn.Module):
     def forward(self, idx: torch.Tensor, *, ablation: Ablation | None = None, routing: str = "deterministic",
                 seed: int | None = None, generator: torch.Generator | None = None,
                 cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
-                **options) -> LMOutput:
+                row_ablations: tuple[Ablation, ...] | list[Ablation] | None = None, **options) -> LMOutput:
         """Logits of `idx` (B, T). `options`: the family's own per-call options (`run_options()`,
-        e.g. Wiola's atm / atm_tau); None means the model's default."""
+        e.g. Wiola's atm / atm_tau); None means the model's default. `row_ablations`: one ablation per
+        row (B of them), where the family supports it (`row_ablations_supported`), instead of `ablation`."""
         self.check_input(idx, cache)
+        if row_ablations is not None:
+            row_ablations = self.check_row_ablations(row_ablations, idx.shape[0], ablation, cache)
         device = self.device
         if idx.device != device:  # callers build ids on model.device; this covers any that do not
             idx = idx.to(device)
@@ -133,7 +136,7 @@ class RouteScopeLM(nn.Module):
         if generator is None and (routing == "sampled" or self.training):
             generator = torch.Generator().manual_seed(0 if seed is None else seed)
         state = RunState(ablation=ablation, routing=routing, generator=generator, cache=cache,
-                         training=self.training, pad_mask=pad_mask, options=options)
+                         training=self.training, pad_mask=pad_mask, options=options, row_ablations=row_ablations)
         with runtime.running(state):
             logits = self._forward(idx)
         if cache is not None:
@@ -147,6 +150,27 @@ class RouteScopeLM(nn.Module):
                                f"in aux_weights() (weighted: {', '.join(w) or 'none'})")
             out.aux_loss = sum(w[k] * v for k, v in state.aux.items())
         return out
+
+    row_ablations_supported: bool = False  # rows of one call may carry different ablations
+
+    def check_row_ablations(self, rows, batch: int, ablation: Ablation | None,
+                            cache: KVCache | None) -> tuple[Ablation, ...]:
+        """`rows` as a tuple of valid ablations, one per row; ValueError where this family cannot take
+        them, their count is not the batch's, or an ablation for the whole call is given too."""
+        if not self.row_ablations_supported:
+            raise ValueError(f"{self.config.label} models take one ablation per call, not one per row")
+        rows = tuple(rows)
+        if len(rows) != batch or not all(isinstance(a, Ablation) for a in rows):
+            raise ValueError(f"row_ablations: expected {batch} Ablations (one per row), got {len(rows)}")
+        if ablation is not None and not ablation.is_empty:
+            raise ValueError("give an ablation for the call or one per row, not both")
+        if cache is not None:
+            raise ValueError("row_ablations and a KV cache together are not supported")
+        for a in set(rows):
+            if a.modes or a.force:
+                raise ValueError(f"row_ablations drop options only; got {a.describe()}")
+            a.validate(self.routing_layers(), self.ablation_modes())
+        return rows
 
     def check_options(self, options: dict) -> dict:
         """The options given a value (not None), each as its declared kind; ValueError naming any this

@@ -41,7 +41,7 @@ import inspect
 import json
 import os
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -347,14 +347,19 @@ class _InsideRouter(TorchFunctionMode):
     """Watches the ops of one router call: masks the logits (and biased selection scores) of the
     experts the call drops, and keeps the router's probabilities as its own op computed them."""
 
-    def __init__(self, dropped: frozenset[int], want_probs: bool, biases: list[torch.Tensor], mask: float) -> None:
+    def __init__(self, dropped: frozenset[int], want_probs: bool, biases: list[torch.Tensor], mask: float,
+                 row_mask: torch.Tensor | None = None) -> None:
         super().__init__()
         self.dropped, self.want_probs, self.biases, self.mask = sorted(dropped), want_probs, biases, mask
+        self.row_mask = row_mask  # [batch, n] True where that row drops the expert (rows differ), else None
         self.logits: torch.Tensor | None = None
         self.probs: torch.Tensor | None = None
 
     def _mask(self, out: torch.Tensor, value: float) -> torch.Tensor:
-        return out.index_fill(-1, torch.tensor(self.dropped, device=out.device), value)
+        if self.row_mask is None:
+            return out.index_fill(-1, torch.tensor(self.dropped, device=out.device), value)
+        rows = self.row_mask.to(out.device)  # the router sees [batch * pos, n]: rows are contiguous
+        return out.reshape(rows.shape[0], -1, out.shape[-1]).masked_fill(rows[:, None, :], value).reshape(out.shape)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -412,17 +417,29 @@ class HFModel(RouteScopeLM):
         self.routing_modules = layers
         self.sites = sites
         self.attn_layers = []
+        self._stack, self._decoder_of, self._tail = _decoder_stack(self.hf, list(layers))
+        self._decoder_ids: dict[int, int] = {}
+        if self._stack is not None:
+            for i, layer in enumerate(self.hf.get_submodule(self._stack)):
+                self._decoder_ids[id(layer)] = i
+                layer.register_forward_pre_hook(self._decoder_pre, with_kwargs=True)
 
     # --- hooks (registered once; per-call state only in ContextVars) -----------------------------
+    def _decoder_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        cap = _CAPTURE.get()
+        if cap is not None:
+            cap.inputs[self._decoder_ids[id(module)]] = (args, dict(kwargs))
+        return None
+
     def _router_pre(self, module: nn.Module, args: tuple) -> None:
         st, tr = runtime.current(), runtime.active_trace()
         name = self._router_names[id(module)]
-        dropped = self._dropped_experts(name, st.ablation)
+        dropped, row_mask = self._dropped_now(name, st)
         want_probs = tr is not None and tr.wants(f"{name}.probs")
         if not dropped and not want_probs:
             return None
         mode = _InsideRouter(dropped, want_probs, self._biases[name],
-                             LOGIT_MASK.get(self.config.model_type, float("-inf")))
+                             LOGIT_MASK.get(self.config.model_type, float("-inf")), row_mask)
         mode.__enter__()
         _OPEN.set(_OPEN.get() + ((module, mode),))
         return None
@@ -447,6 +464,9 @@ class HFModel(RouteScopeLM):
     def _experts_pre(self, module: nn.Module, args: tuple) -> None:
         """Every MoE block transformers ships calls experts(hidden, top_k_index, top_k_weights) positionally
         (tests/analysis/test_hf_coverage.py checks each type): a plain pre-hook, the cheapest idle."""
+        cap = _CAPTURE.get()
+        if cap is not None and len(args) >= 3:
+            cap.experts[self._router_names[id(module)]] = tuple(args[:3])
         tr = runtime.active_trace()
         if tr is None or len(args) < 3:
             return None
@@ -461,7 +481,13 @@ class HFModel(RouteScopeLM):
 
     def _shared_hook(self, layer: str, option: int):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor):
-            ab = runtime.current().ablation
+            st = runtime.current()
+            if st.row_ablations is not None:
+                drop = torch.tensor([option in a.dropped(layer) for a in st.row_ablations], device=output.device)
+                if bool(drop.any()):
+                    return output.reshape(drop.shape[0], -1).masked_fill(drop[:, None], 0).reshape(output.shape)
+                return None
+            ab = st.ablation
             if not ab.is_empty and option in ab.dropped(layer):
                 return torch.zeros_like(output)
             return None
@@ -475,6 +501,20 @@ class HFModel(RouteScopeLM):
             return None
         return hook
 
+    def _dropped_now(self, layer: str, st: runtime.RunState) -> tuple[frozenset[int], torch.Tensor | None]:
+        """The routed experts the call in progress drops at `layer` (all rows together), and where rows
+        carry different ablations a [rows, n] mask of each row's (else None)."""
+        if st.row_ablations is None:
+            return self._dropped_experts(layer, st.ablation), None
+        per = [self._dropped_experts(layer, a) for a in st.row_ablations]
+        union = frozenset().union(*per)
+        if all(p == per[0] for p in per):
+            return union, None
+        mask = torch.zeros(len(per), self.routing_modules[layer].n_experts, dtype=torch.bool)
+        for r, p in enumerate(per):
+            mask[r, list(p)] = True
+        return union, mask
+
     def _dropped_experts(self, layer: str, ab: runtime.Ablation) -> frozenset[int]:
         """The routed experts the call drops at `layer` (forcing one drops the others)."""
         if ab.is_empty:
@@ -486,24 +526,30 @@ class HFModel(RouteScopeLM):
         return frozenset(o for o in ab.dropped(layer) if o < m.n_experts)
 
     # --- RouteScopeLM -------------------------------------------------------------------------
+    row_ablations_supported = True
+
     def forward(self, idx: torch.Tensor, **kw: Any):
-        ab = kw.get("ablation")
-        if ab is not None and not ab.is_empty:
-            for layer, m in self.routing_modules.items():
-                if m.shared and ab.forced(layer) == m.n_experts:
-                    raise AblationError(f"invalid ablation: force {layer}:{m.n_experts}: the shared expert always "
-                                        "runs; force a routed expert (0.."
-                                        f"{m.n_experts - 1}) or drop the shared one")
-                left = m.n_experts - len(self._dropped_experts(layer, ab))
-                if self.config.model_type in LOGIT_MASK and 0 < left < m.top_k:
-                    raise AblationError(f"invalid ablation: {layer!r} keeps {left} routed expert(s) but "
-                                        f"{self.config.model_type} routes each token to {m.top_k}: with a finite mask "
-                                        "its router would still weight a dropped expert; keep at least "
-                                        f"{m.top_k}")
-                if left <= 0:
-                    raise AblationError(f"invalid ablation: drop: every routed expert of layer {layer!r} is "
-                                        "dropped; at least one must remain")
+        for ab in {kw.get("ablation"), *(kw.get("row_ablations") or ())}:
+            if ab is not None and not ab.is_empty:
+                self._check_ablation(ab)
         return super().forward(idx, **kw)
+
+    def _check_ablation(self, ab: runtime.Ablation) -> None:
+        """Refusals beyond `Ablation.validate` that follow from how transformers routes."""
+        for layer, m in self.routing_modules.items():
+            if m.shared and ab.forced(layer) == m.n_experts:
+                raise AblationError(f"invalid ablation: force {layer}:{m.n_experts}: the shared expert always "
+                                    "runs; force a routed expert (0.."
+                                    f"{m.n_experts - 1}) or drop the shared one")
+            left = m.n_experts - len(self._dropped_experts(layer, ab))
+            if self.config.model_type in LOGIT_MASK and 0 < left < m.top_k:
+                raise AblationError(f"invalid ablation: {layer!r} keeps {left} routed expert(s) but "
+                                    f"{self.config.model_type} routes each token to {m.top_k}: with a finite mask "
+                                    "its router would still weight a dropped expert; keep at least "
+                                    f"{m.top_k}")
+            if left <= 0:
+                raise AblationError(f"invalid ablation: drop: every routed expert of layer {layer!r} is "
+                                    "dropped; at least one must remain")
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         st = runtime.current()
@@ -525,6 +571,75 @@ class HFModel(RouteScopeLM):
         if balance and getattr(out, "aux_loss", None) is not None:
             st.aux[LOAD_BALANCE] = out.aux_loss
         return out.logits.float()
+
+    # --- prefix reuse: a forward restarted at a routing layer's decoder layer ----------------------
+    @property
+    def can_resume(self) -> bool:
+        """Whether `capture` / `resume` work for this model: its routers sit in one stack of decoder
+        layers, followed by a final norm and the output embedding."""
+        return self._stack is not None
+
+    def capture(self, idx: torch.Tensor) -> Prefix:
+        """One plain forward of `idx` that keeps each decoder layer's input (its hidden states and the
+        other arguments transformers gave it) and each experts module's input."""
+        if self._stack is None:
+            raise ValueError(f"{self.config.model_type}: its forward cannot be restarted at a routing layer "
+                             "(no single stack of decoder layers with a final norm)")
+        cap = Prefix(rows=int(idx.shape[0]))
+        token = _CAPTURE.set(cap)
+        try:
+            cap.logits = self(idx).logits
+        finally:
+            _CAPTURE.reset(token)
+        return cap
+
+    def resume(self, prefix: Prefix, layer: str, row_ablations: list[runtime.Ablation] | tuple) -> torch.Tensor:
+        """Logits [len(row_ablations), pos, vocab] (float32) of the captured batch repeated
+        len(row_ablations) / prefix.rows times, block j of rows under ablations j * rows ..., run from
+        the decoder layer of routing layer `layer` on with transformers' own decoder layers, final norm
+        and output embedding. Every ablation must leave the layers before `layer` alone."""
+        start, R = self._decoder_of[layer], prefix.rows
+        if len(row_ablations) % R or not row_ablations:
+            raise ValueError(f"resume: {len(row_ablations)} row ablations for {R} captured rows")
+        order = list(self.routing_modules)
+        before = set(order[:order.index(layer)])
+        for ab in set(row_ablations):
+            ab.validate(self.routing_layers())
+            if any(l in before or l == runtime.ALL_LAYERS for l, _ in ab.drop) or ab.force or ab.modes:
+                raise ValueError(f"resume from {layer}: ablation {ab.describe()} touches an earlier layer or forces")
+            self._check_ablation(ab)
+        m, stack = len(row_ablations) // R, self.hf.get_submodule(self._stack)
+        copies: dict[int, Any] = {}
+        h = None
+        state = runtime.RunState(row_ablations=tuple(row_ablations))
+        with runtime.running(state):
+            token = _BATCH.set(len(row_ablations))
+            try:
+                for i in range(start, len(stack)):
+                    args, kwargs = _repeat_rows(prefix.inputs[i], R, m, copies)
+                    if h is not None:
+                        args, kwargs = _with_hidden(args, kwargs, h)
+                    out = stack[i](*args, **kwargs)
+                    h = out[0] if isinstance(out, (tuple, list)) else out
+                norm, head = self._tail
+                logits = self.hf.get_submodule(head)(self.hf.get_submodule(norm)(h))
+            finally:
+                _BATCH.reset(token)
+        return logits.float()
+
+    def expert_output_norms(self, prefix: Prefix, layer: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(indices [N, k], weights [N, k], ||expert output|| [N, k]) at `layer` for the N tokens of the
+        captured batch (rows x pos): each selected expert's own output, from transformers' experts module
+        called on the captured input with that slot's weight 1 and the others 0."""
+        hidden, idx, w = prefix.experts[layer]
+        experts = self.hf.get_submodule(self.routing_modules[layer].block.experts)
+        norms = []
+        for slot in range(idx.shape[-1]):
+            one = torch.zeros_like(w)
+            one[..., slot] = 1
+            norms.append(experts(hidden, idx, one).float().norm(dim=-1))
+        return idx.reshape(-1, idx.shape[-1]), w.reshape(-1, w.shape[-1]).float(), \
+            torch.stack(norms, -1).reshape(-1, idx.shape[-1])
 
     def aux_weights(self) -> dict[str, float]:
         """Training: transformers' load-balancing loss, weighted by the model's router_aux_loss_coef."""
@@ -570,6 +685,70 @@ class HFModel(RouteScopeLM):
             per_expert = sum(p.numel() for p in experts.parameters()) // m.n_experts
             total -= per_expert * (m.n_experts - m.top_k)
         return total
+
+
+@dataclass
+class Prefix:
+    """What one unablated forward of a batch left at each decoder layer's input and each experts
+    module's input (`HFModel.capture`): a forward restarts from there."""
+
+    rows: int
+    logits: torch.Tensor | None = None
+    inputs: dict[int, tuple[tuple, dict]] = field(default_factory=dict)  # decoder index -> (args, kwargs)
+    experts: dict[str, tuple] = field(default_factory=dict)  # routing layer -> (hidden, top-k index, weights)
+
+
+_CAPTURE: ContextVar[Prefix | None] = ContextVar("routescope_hf_capture", default=None)
+FINAL_NORMS = ("norm", "final_layernorm", "ln_f", "final_norm", "norm_f")
+
+
+def _decoder_stack(hf: nn.Module, routers: list[str]) -> tuple[str | None, dict[str, int], tuple[str, str]]:
+    """(path of the ModuleList of decoder layers holding every router, router -> its decoder layer's
+    index, (final norm path, output embedding path)); (None, {}, ("", "")) where there is no such stack."""
+    named = dict(hf.named_modules())
+    found: dict[str, tuple[str, int]] = {}
+    for r in routers:
+        parts = r.split(".")
+        for cut in range(1, len(parts)):
+            if isinstance(named.get(".".join(parts[:cut])), nn.ModuleList) and parts[cut].isdigit():
+                found[r] = (".".join(parts[:cut]), int(parts[cut]))
+                break
+    stacks = {s for s, _ in found.values()}
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+    head_path = next((n for n, m in named.items() if m is head), None) if head is not None else None
+    if len(found) != len(routers) or len(stacks) != 1 or head_path is None:
+        return None, {}, ("", "")
+    stack = stacks.pop()
+    parent = stack.rsplit(".", 1)[0] if "." in stack else ""
+    norm = next((f"{parent}.{n}" if parent else n for n in FINAL_NORMS
+                 if isinstance(named.get(f"{parent}.{n}" if parent else n), nn.Module)), None)
+    if norm is None:
+        return None, {}, ("", "")
+    return stack, {r: i for r, (_, i) in found.items()}, (norm, head_path)
+
+
+def _repeat_rows(x: Any, rows: int, times: int, copies: dict[int, Any]) -> Any:
+    """`x` (tensors nested in tuples, lists and dicts) with every tensor whose first axis is the batch
+    (`rows` long) repeated `times` times along it; the same tensor is repeated once (`copies`)."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0 or x.shape[0] != rows or times == 1:
+            return x
+        if id(x) not in copies:
+            copies[id(x)] = x.repeat(times, *[1] * (x.dim() - 1))
+        return copies[id(x)]
+    if isinstance(x, tuple):
+        return tuple(_repeat_rows(v, rows, times, copies) for v in x)
+    if isinstance(x, list):
+        return [_repeat_rows(v, rows, times, copies) for v in x]
+    if isinstance(x, dict):
+        return {k: _repeat_rows(v, rows, times, copies) for k, v in x.items()}
+    return x
+
+
+def _with_hidden(args: tuple, kwargs: dict, h: torch.Tensor) -> tuple[tuple, dict]:
+    if args:
+        return (h, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": h}
 
 
 def _site(name: str, shape: str) -> Site:
@@ -662,5 +841,5 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     return HFModel(config, hf).eval()
 
 
-__all__ = ["LOGIT_MASK", "REFUSED", "HFConfig", "HFModel", "HFRoutingLayer", "MoEBlock", "UnsupportedMoE",
+__all__ = ["LOGIT_MASK", "REFUSED", "HFConfig", "HFModel", "HFRoutingLayer", "MoEBlock", "Prefix", "UnsupportedMoE",
            "check_hf_directory", "hf_param_count", "is_hf_config", "load_hf", "moe_layout"]

@@ -382,6 +382,9 @@ class RunState:
     cache: KVCache | None = None
     training: bool = False
     pad_mask: torch.Tensor | None = None  # (B, T) True where the token is padding (keys masked)
+    # one ablation per row of the batch (many ablations in one forward); None: `ablation` for every row.
+    # Only models whose `row_ablations_supported` is True read it (HF models: the router masks per row)
+    row_ablations: tuple[Ablation, ...] | None = None
     # the family's own per-call options given a value (model.run_options(): Wiola's atm / atm_tau,
     # the Gumbel temperature of a training step); absent = the model's default
     options: dict[str, Any] = field(default_factory=dict)

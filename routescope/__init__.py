@@ -35,9 +35,10 @@ _LAZY = {
     "read_parquet": ("routescope.analysis.export", "read_parquet"),
     "read_frame_csv": ("routescope.analysis.export", "read_frame_csv"),
     "read_provenance": ("routescope.analysis.export", "read_provenance"),
+    "ImportanceSettings": ("routescope.analysis.importance", "ImportanceSettings"),
 }
 
-__all__ = [*_LAZY, "run", "figures"]
+__all__ = [*_LAZY, "run", "figures", "importance"]
 
 
 def only_as(full: str, name: str) -> None:
@@ -92,3 +93,20 @@ def figures(run: Any, model: Any, *, stacked: bool = False) -> dict[str, Any]:
     from routescope.app.components.drawers import draw_run
 
     return draw_run(run, model, stacked=stacked)[0]
+
+
+def importance(model: Any, tokenizer: Any, data: Any, **settings: Any) -> dict[str, Any]:
+    """Which experts matter on `data` (a dataset file path, or a `corpus_data.CorpusData`): the frames
+    of `analysis.importance` by name (importance, control, control_summary, proxies, proxy_agreement,
+    pruning, pruning_curve). `settings`: `ImportanceSettings` fields (layers, options, max_tokens,
+    control_draws, method, float32, ...)."""
+    from routescope.analysis.corpus_data import CorpusData, load_corpus
+    from routescope.analysis.importance import ImportanceSettings
+    from routescope.analysis.importance import importance as sweep
+
+    for key in ("layers", "options"):
+        if settings.get(key) is not None:
+            settings[key] = tuple(settings[key])
+    if not isinstance(data, CorpusData):
+        data = load_corpus(data)
+    return sweep(model, tokenizer, data, ImportanceSettings(**settings)).tables

@@ -1,0 +1,96 @@
+"""The Experts view with Streamlit's AppTest on olmoe-tiny: a sweep started from the view equals the
+analysis run directly, its figures and tables are shown, cancelling leaves the view usable and a
+restart resumes; a family without routing layers says so in one line."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from routescope.analysis import corpus_data as D
+from routescope.analysis.importance import ImportanceSettings, importance
+from routescope.app import state as K
+from routescope.core_models.checkpoint import load_checkpoint
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = str(ROOT / "app" / "main.py")
+CK = ROOT / "checkpoints"
+TEXT = "\n".join(["Once upon a time, there was a little girl named Lily. She loved her toys.",
+                  "Solve this problem: 3x + 5 = 20. Express your answer as a fraction.",
+                  "One day a little boy went to the park with his dog and a ball."]) + "\n"
+
+
+def experts_view(name: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    box = at.selectbox(key=K.CHECKPOINT)
+    box.set_value(next(p for p in box.options if Path(p).name == name)).run()
+    at.segmented_control(key=K.VIEW).set_value("Experts").run()
+    return at
+
+
+def until_done(at: AppTest, timeout: float = 240) -> AppTest:
+    deadline = time.time() + timeout
+    while at.get("progress") and time.time() < deadline:
+        time.sleep(0.5)
+        at.run()
+    assert not at.get("progress"), "the sweep did not finish"
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_sweep_from_the_view_equals_the_analysis(tmp_path):
+    data = tmp_path / "texts.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    at = experts_view("olmoe-tiny")
+    assert not at.exception, [e.value for e in at.exception]
+    at.radio(key=K.EXPERTS_SOURCE).set_value("File on the server").run()
+    at.text_input(key=K.EXPERTS_PATH).set_value(str(data)).run()
+    at.multiselect(key=K.EXPERTS_LAYERS).set_value(["model.layers.1.mlp.gate", "model.layers.2.mlp.gate"]).run()
+    at.number_input(key=K.EXPERTS_DRAWS).set_value(3).run()
+    at.button(key=K.EXPERTS_RUN).click().run()
+    until_done(at)
+    shown = next(d.value for d in at.dataframe if isinstance(d.value, pd.DataFrame) and "delta_nll_low" in d.value)
+    model, tok = load_checkpoint(CK / "olmoe-tiny")
+    want = importance(model, tok, D.load_corpus(data), ImportanceSettings(
+        layers=("model.layers.1.mlp.gate", "model.layers.2.mlp.gate"), max_tokens=4000, control_draws=3,
+        prune_draws=3))["importance"]
+    got = shown.sort_values(["layer", "option"]).reset_index(drop=True)
+    assert np.array_equal(got["delta_nll"].to_numpy(), want["delta_nll"].to_numpy())
+    assert "outside_control" in got and len(got) == 32
+    assert len(at.get("plotly_chart")) == 3  # heatmap, proxies, pruning (in the two layers chosen)
+    at.toggle(key=K.EXPERTS_SORT).set_value(True).run()
+    assert not at.exception and len(at.get("plotly_chart")) == 3
+
+
+def test_cancel_then_resume(tmp_path):
+    data = tmp_path / "texts.txt"
+    data.write_text(TEXT * 4, encoding="utf-8")
+    at = experts_view("olmoe-tiny")
+    at.radio(key=K.EXPERTS_SOURCE).set_value("File on the server").run()
+    at.text_input(key=K.EXPERTS_PATH).set_value(str(data)).run()
+    at.number_input(key=K.EXPERTS_DRAWS).set_value(2).run()
+    at.button(key=K.EXPERTS_RUN).click().run()
+    assert at.get("progress")
+    at.button(key=K.EXPERTS_CANCEL).click().run()
+    deadline = time.time() + 120
+    while at.get("progress") and time.time() < deadline:
+        time.sleep(0.3)
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("cancelled" in w.value for w in at.warning)
+    at.button(key=K.EXPERTS_RUN).click().run()
+    until_done(at)
+    assert len(at.get("plotly_chart")) == 3
+
+
+def test_a_model_without_routing_layers_says_so():
+    at = experts_view("llama-dense")
+    assert not at.exception
+    assert any("no routing layers" in i.value for i in at.info)

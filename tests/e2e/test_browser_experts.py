@@ -1,0 +1,90 @@
+"""In Chromium (Playwright) against `routescope app`: the Experts view measures olmoe-tiny and a
+128-expert OLMoE model (built from transformers' OlmoeConfig, saved with save_pretrained into a
+checkpoint root given by ROUTESCOPE_CHECKPOINTS) over a file on the server, and draws the heatmap,
+the proxy scatter and the pruning curves. Screenshots to test-artifacts/experts_*.png."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from procs import free_port, running, wait_for_health
+from test_browser import ARTIFACTS, ROOT, _idle, _pick, _ready, browser  # noqa: F401
+
+pytestmark = pytest.mark.e2e
+TEXT = "\n".join(["Once upon a time, there was a little girl named Lily. She loved her toys and her dog.",
+                  "Solve this problem: 3x + 5 = 20. Express your answer as a fraction.",
+                  "One day a little boy went to the park with his dog and a ball.",
+                  "Find the largest prime below fifty, then evaluate the sum and simplify."]) + "\n"
+CHARTS_DRAWN = ("n => [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.offsetParent && "
+                "(p.data || []).length).length >= n")
+
+
+@pytest.fixture(scope="module")
+def wide_root(tmp_path_factory):
+    """A checkpoint root holding olmoe-128x4: 128 experts (top-8) in 4 layers, random routers."""
+    import torch
+    from transformers import AutoModelForCausalLM, OlmoeConfig
+
+    root = tmp_path_factory.mktemp("roots")
+    cfg = OlmoeConfig(vocab_size=4096, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=4, num_experts=128, num_experts_per_tok=8, max_position_embeddings=256,
+                      tie_word_embeddings=True, pad_token_id=1, eos_token_id=0)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
+    hf.save_pretrained(root / "olmoe-128x4")
+    shutil.copyfile(ROOT / "checkpoints" / "olmoe-tiny" / "tokenizer.json", root / "olmoe-128x4" / "tokenizer.json")
+    return root
+
+
+@pytest.fixture(scope="module")
+def app_url(wide_root):
+    port = free_port()
+    env = {**os.environ, "ROUTESCOPE_THREADS": "1", "ROUTESCOPE_CHECKPOINTS": str(wide_root)}
+    ARTIFACTS.mkdir(exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    with (ARTIFACTS / "routescope.experts-app.log").open("w") as log, \
+            running([sys.executable, "-m", "routescope.cli", "app", "--port", str(port), "--headless", "--address",
+                     "127.0.0.1"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT) as proc:
+        wait_for_health(url, proc)
+        yield url
+
+
+@pytest.mark.parametrize("name, tokens, draws", [("olmoe-tiny", "2000", "8"), ("olmoe-128x4", "200", "2")])
+def test_experts_view_measures_and_draws(app_url, browser, tmp_path, name, tokens, draws):  # noqa: F811
+    data = tmp_path / "texts.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1500, "height": 2600})
+    page.goto(app_url)
+    _ready(page, "updated in")
+    _pick(page, name)
+    page.get_by_role("radio", name="Experts", exact=True).click()
+    _ready(page, "Shipped dataset")
+    page.get_by_text("File on the server", exact=True).click()
+    _idle(page)
+    path = page.get_by_role("textbox", name="Path on the server")
+    path.fill(str(data))
+    path.press("Enter")
+    _idle(page)
+    for label, value in (("Tokens", tokens), ("Control draws", draws)):
+        box = page.get_by_role("spinbutton", name=label, exact=True)
+        box.fill(value)
+        box.press("Enter")
+        _idle(page)
+    page.get_by_role("button", name="Measure expert importance").click()
+    page.get_by_text("Dropping experts one at a time").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / f"experts_{name}_progress.png"))
+    page.wait_for_function(CHARTS_DRAWN, arg=3, timeout=600_000, polling=500)
+    _idle(page)
+    assert page.get_by_text("outside their layer's control interval", exact=False).count() or \
+        page.get_by_text("lie outside", exact=False).count()
+    page.screenshot(path=str(ARTIFACTS / f"experts_{name}.png"), full_page=True)
+    page.close()
