@@ -472,22 +472,8 @@ def outside_control(importance: pd.DataFrame, control_summary: pd.DataFrame) -> 
 # --- the whole sweep ---------------------------------------------------------------------------------------
 
 def float32_copy(model: Any) -> Any:
-    """`model` itself when its parameters are float32, else a float32 copy (the shared model is not
-    touched): HF models rebuilt by transformers and given the weights, others deep-copied."""
-    if all(p.dtype == torch.float32 for p in model.parameters()):
-        return model
-    from routescope.core_models.hf import HFModel
-
-    if isinstance(model, HFModel):
-        from transformers import AutoModelForCausalLM
-
-        hf = AutoModelForCausalLM.from_config(model.config.transformers_config(), trust_remote_code=False,
-                                              dtype=torch.float32)
-        hf.load_state_dict({k: v.float() for k, v in model.hf.state_dict().items()})
-        return HFModel(model.config, hf.to(model.device).eval()).eval()
-    import copy
-
-    return copy.deepcopy(model).float().eval()
+    """`model` itself when its parameters are float32, else the family's float32 copy."""
+    return model.float32_copy()
 
 
 def importance(model: Any, tokenizer: Any, data: CorpusData, settings: ImportanceSettings = ImportanceSettings(), *,

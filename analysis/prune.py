@@ -20,10 +20,6 @@ import torch
 
 from routescope.core_models.runtime import Ablation
 
-# config fields that count a layer's routed experts, by model type (the first present is lowered)
-EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-
-
 def check_prune_out(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
@@ -34,51 +30,17 @@ def check_prune_out(path: str | os.PathLike) -> Path:
 
 
 def check_prunable(model: Any, n: int) -> None:
-    """ValueError unless `n` experts can be removed from every MoE layer of this HF model."""
-    from routescope.core_models.hf import HFModel
-
-    if not isinstance(model, HFModel):
+    """ValueError unless `n` experts can be removed from every MoE layer of this model (a Hugging
+    Face model: `pruned_copy`)."""
+    if not hasattr(model, "pruned_copy"):
         raise ValueError(f"--prune writes a transformers checkpoint: {model.config.label} is not a Hugging Face model")
-    counts = {m.n_experts for m in model.routing_modules.values()}
-    if len(counts) != 1:
-        raise ValueError("--prune: the MoE layers have different expert counts; one config field cannot say both")
-    for name, m in model.routing_modules.items():
-        if not 1 <= n <= m.n_experts - m.top_k:
-            raise ValueError(f"--prune {n}: layer {name} has {m.n_experts} experts and routes each token to {m.top_k}; "
-                             f"prune 1..{m.n_experts - m.top_k}")
-    cfg = model.hf.config
-    text = getattr(cfg, "text_config", None) or cfg
-    if not any(isinstance(getattr(text, f, None), int) for f in EXPERT_COUNT_FIELDS):
-        raise ValueError(f"--prune: {model.config.model_type}'s config has none of {', '.join(EXPERT_COUNT_FIELDS)}")
+    why = model.prune_problem(n)
+    if why:
+        raise ValueError(f"--prune {n}: {why}")
 
 
 def pruned_model(model: Any, drop: dict[str, list[int]]) -> Any:
-    """A new transformers model without the experts `drop` names (layer -> options, the same count in
-    every MoE layer), built by transformers from the lowered config and given the kept weights."""
-    import copy
-
-    from transformers import AutoModelForCausalLM
-
-    n_drop = {len(v) for v in drop.values()}
-    if set(drop) != set(model.routing_modules) or len(n_drop) != 1:
-        raise ValueError("--prune removes the same number of experts from every MoE layer")
-    cfg = copy.deepcopy(model.hf.config)
-    text = getattr(cfg, "text_config", None) or cfg
-    n = next(iter(model.routing_modules.values())).n_experts
-    field_ = next(f for f in EXPERT_COUNT_FIELDS if isinstance(getattr(text, f, None), int))
-    setattr(text, field_, n - n_drop.pop())
-    dtype = next(model.hf.parameters()).dtype
-    new = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    state = model.hf.state_dict()
-    for layer, options in drop.items():
-        m = model.routing_modules[layer]
-        keep = torch.tensor(sorted(set(range(m.n_experts)) - set(options)))
-        for prefix in (layer + ".", m.block.experts + "."):
-            for k in [k for k in state if k.startswith(prefix)]:
-                if state[k].dim() and state[k].shape[0] == m.n_experts:
-                    state[k] = state[k].index_select(0, keep.to(state[k].device))
-    new.load_state_dict(state, strict=True)
-    return new.to(model.device).eval()
+    return model.pruned_copy(drop)
 
 
 def _card(model_name: str, drop: dict[str, list[int]], provenance: dict, loss: float, max_diff: float) -> str:

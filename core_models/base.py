@@ -153,6 +153,14 @@ class RouteScopeLM(nn.Module):
 
     row_ablations_supported: bool = False  # rows of one call may carry different ablations
 
+    def float32_copy(self) -> "RouteScopeLM":
+        """This model when it is float32, else a float32 copy (the shared model is not touched)."""
+        if all(p.dtype == torch.float32 for p in self.parameters()):
+            return self
+        import copy
+
+        return copy.deepcopy(self).float().eval()
+
     def check_row_ablations(self, rows, batch: int, ablation: Ablation | None,
                             cache: KVCache | None) -> tuple[Ablation, ...]:
         """`rows` as a tuple of valid ablations, one per row; ValueError where this family cannot take

@@ -641,6 +641,56 @@ class HFModel(RouteScopeLM):
         return idx.reshape(-1, idx.shape[-1]), w.reshape(-1, w.shape[-1]).float(), \
             torch.stack(norms, -1).reshape(-1, idx.shape[-1])
 
+    def float32_copy(self) -> "HFModel":
+        """A float32 copy, rebuilt by transformers and given the weights (the shared model is not touched)."""
+        from transformers import AutoModelForCausalLM
+
+        if all(p.dtype == torch.float32 for p in self.parameters()):
+            return self
+        hf = AutoModelForCausalLM.from_config(self.config.transformers_config(), trust_remote_code=False,
+                                              dtype=torch.float32)
+        hf.load_state_dict({k: v.float() for k, v in self.hf.state_dict().items()})
+        return HFModel(self.config, hf.to(self.device).eval()).eval()
+
+    # --- pruning: a transformers model without some experts -------------------------------------------
+    def prune_problem(self, n: int) -> str | None:
+        """Why `n` experts cannot be removed from every MoE layer (None: they can)."""
+        if len({m.n_experts for m in self.routing_modules.values()}) != 1:
+            return "the MoE layers have different expert counts; one config field cannot say both"
+        for name, m in self.routing_modules.items():
+            if not 1 <= n <= m.n_experts - m.top_k:
+                return (f"layer {name} has {m.n_experts} experts and routes each token to {m.top_k}; "
+                        f"prune 1..{m.n_experts - m.top_k}")
+        if _expert_count_field(self.hf.config) is None:
+            return f"{self.config.model_type}'s config has none of {', '.join(EXPERT_COUNT_FIELDS)}"
+        return None
+
+    def pruned_copy(self, drop: dict[str, list[int]]) -> nn.Module:
+        """A new transformers model without the experts `drop` names (layer -> options, the same count in
+        every MoE layer): transformers builds it from the config with the expert count lowered, and it
+        gets the kept weights (router rows and expert tensors sliced on their expert axis)."""
+        import copy
+
+        from transformers import AutoModelForCausalLM
+
+        counts = {len(v) for v in drop.values()}
+        if set(drop) != set(self.routing_modules) or len(counts) != 1:
+            raise ValueError("pruning removes the same number of experts from every MoE layer")
+        cfg = copy.deepcopy(self.hf.config)
+        text, field_ = _expert_count_field(cfg)
+        setattr(text, field_, getattr(text, field_) - counts.pop())
+        new = AutoModelForCausalLM.from_config(cfg, dtype=next(self.hf.parameters()).dtype)
+        state = self.hf.state_dict()
+        for layer, options in drop.items():
+            m = self.routing_modules[layer]
+            keep = torch.tensor(sorted(set(range(m.n_experts)) - set(options)))
+            for prefix in (layer + ".", m.block.experts + "."):
+                for k in [k for k in state if k.startswith(prefix)]:
+                    if state[k].dim() and state[k].shape[0] == m.n_experts:
+                        state[k] = state[k].index_select(0, keep.to(state[k].device))
+        new.load_state_dict(state, strict=True)
+        return new.to(self.device).eval()
+
     def aux_weights(self) -> dict[str, float]:
         """Training: transformers' load-balancing loss, weighted by the model's router_aux_loss_coef."""
         coef = getattr(self.hf.config, "router_aux_loss_coef", None)
@@ -699,6 +749,14 @@ class Prefix:
 
 
 _CAPTURE: ContextVar[Prefix | None] = ContextVar("routescope_hf_capture", default=None)
+# config fields that count a layer's routed experts, by model type (the first present is lowered when pruning)
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _expert_count_field(config: Any) -> tuple[Any, str] | None:
+    text = getattr(config, "text_config", None) or config
+    f = next((f for f in EXPERT_COUNT_FIELDS if isinstance(getattr(text, f, None), int)), None)
+    return None if f is None else (text, f)
 FINAL_NORMS = ("norm", "final_layernorm", "ln_f", "final_norm", "norm_f")
 
 
