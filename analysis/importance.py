@@ -42,7 +42,7 @@ from routescope.core_models.runtime import Ablation, tracing
 from routescope.core_models.sites import INDICES, OPTION_WEIGHTS, WEIGHTS
 
 from .corpus_data import CorpusData
-from .corpus_run import Stopped, _encode
+from .corpus_run import Stopped, encode_head
 
 METHODS = ("fast", "naive")
 COLUMNS = ["layer", "option", "label", "delta_nll", "delta_nll_low", "delta_nll_high", "kl", "flip_rate", "usage"]
@@ -121,10 +121,8 @@ def tokens_of(data: CorpusData, tokenizer: Any, context: int, max_tokens: int | 
         chunk = [r for _, r in zip(range(256), rows)]
         if not chunk:
             break
-        for r, x in zip(chunk, _encode(tokenizer, [r.text for r in chunk])):
-            x = x[:context]
-            if max_tokens is not None:
-                x = x[:max_tokens - total]
+        for r in chunk:  # each row tokenized only as far as it is used (a row may be 1 MiB)
+            x = encode_head(tokenizer, r.text, context if max_tokens is None else min(context, max_tokens - total))
             if x:
                 out.row_ids.append(r.row_id)
                 out.ids.append(x)

@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _prompt(tok, data, context: int) -> list[int]:
     """The test prompt of the pruned checkpoint: the dataset's first row (up to 64 tokens)."""
-    from routescope.analysis.corpus_run import _encode
+    from routescope.analysis.corpus_run import encode_head
 
     first = next(iter(data))
-    return _encode(tok, [first.text])[0][:min(64, context)] or [0]
+    return encode_head(tok, first.text, min(64, context)) or [0]
