@@ -154,9 +154,12 @@ def _searchable(model: RouteScopeLM, scope: str, layers: dict[str, int], labels)
     force: list = []
     choices: dict[str, tuple[tuple[int, ...], int | None]] = st.session_state.setdefault(K.layer_choices_key(scope), {})
     with st.expander(f"Per layer ({len(layers)} layers)", expanded=False):
+        order = {l: i for i, l in enumerate(layers)}  # its position first: a narrow box cuts a long name's end
         layer = st.selectbox("Layer", list(layers), key=K.layer_pick_key(scope),
-                             format_func=lambda l: l + ("  •" if choices.get(l, ((), None)) != ((), None) else ""),
-                             help="Type to search; a dot marks layers with choices of their own")
+                             format_func=lambda l: ("• " if choices.get(l, ((), None)) != ((), None) else "")
+                             + f"{order[l]} · {l}",
+                             help="Routing layers in model order; type to search; a dot marks layers with choices "
+                                  "of their own")
         n, (dropped, forced) = layers[layer], choices.get(layer, ((), None))
         chosen = st.multiselect("Drop in this layer", list(range(n)), default=[o for o in dropped if o < n],
                                 format_func=lambda j: labels[layer][j], key=K.drop_key(scope, layer),
