@@ -171,8 +171,9 @@ def test_export_csv_has_the_documented_header(downloads):
 def test_figure_html_downloads_embed_plotly_and_do_not_rerun(monkeypatch):
     """The figure pages work offline (plotly.js inline, no script from a CDN), and no download
     reruns the app (a rerun revokes the deferred figure downloads still on the page)."""
-    from plotly.offline import get_plotlyjs
     from streamlit.runtime.media_file_manager import MediaFileManager
+
+    from routescope.analysis.plotly_bundle import plotly_js as get_plotlyjs
 
     deferred: dict[str, object] = {}
     original = MediaFileManager.add_deferred

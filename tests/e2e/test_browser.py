@@ -206,7 +206,7 @@ def test_downloads_clicked_close_together_all_arrive(app_url, browser, tmp_path)
     which revoked the deferred figure downloads the page still offered: a click during that rerun
     got nothing (1 s on a slow machine, 0.1 s here). The figure pages carry plotly.js inline (they
     work offline) and load no script from elsewhere."""
-    from plotly.offline import get_plotlyjs
+    from routescope.analysis.plotly_bundle import plotly_js as get_plotlyjs  # the bundle pages inline
 
     log = ARTIFACTS / "routescope.app.log"
     log_start = log.stat().st_size if log.exists() else 0
