@@ -33,7 +33,7 @@ def test_the_sidebar_shows_the_resolved_default_device(monkeypatch):
     at = run_app(monkeypatch, None, None)
     assert not at.exception, [e.value for e in at.exception]
     want = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    assert sidebar_device(at) == f"Device: {want} · float32 (auto)"
+    assert sidebar_device(at) == f"Device: {want} · dtype as stored (auto)"  # --dtype auto: the checkpoint's own
 
 
 def test_a_bfloat16_app_runs_the_prompt_and_its_views(monkeypatch):
