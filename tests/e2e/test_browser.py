@@ -537,3 +537,4 @@ def test_issue31_attribution_ticks_every_prompt_token(app_url, browser):
     page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "31_01_ig_whole_prompt.png"))
     page.close()
+
