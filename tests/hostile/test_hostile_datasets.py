@@ -174,11 +174,11 @@ def test_an_interrupted_run_leaves_the_earlier_set(earlier_set, tmp_path, capsys
     calls = []
     real = P.frame_bytes
 
-    def stop_on_third(df, fmt):
+    def stop_on_third(df, fmt, *rest):
         calls.append(fmt)
         if len(calls) == 3:
             raise Stopped(15)  # SIGTERM while the tables are being written
-        return real(df, fmt)
+        return real(df, fmt, *rest)
 
     monkeypatch.setattr(P, "frame_bytes", stop_on_third)
     txt = tmp_path / "p.txt"
