@@ -26,6 +26,18 @@ TEXT = "\n".join(["Once upon a time, there was a little girl named Lily. She lov
                   "One day a little boy went to the park with his dog and a ball."]) + "\n"
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Cancelled sweeps keep their rows in a cache the next run resumes from: each test gets its own
+    (the system temporary directory would carry rows from earlier runs and finish a sweep at once)."""
+    import streamlit as st
+
+    from routescope.app.views import experts
+
+    monkeypatch.setattr(experts, "CACHE", tmp_path / "importance-cache")
+    st.cache_resource.clear()  # the jobs every session shares, finished ones included
+
+
 def experts_view(name: str) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=180)
     at.run()
@@ -69,7 +81,21 @@ def test_sweep_from_the_view_equals_the_analysis(tmp_path):
     assert not at.exception and len(at.get("plotly_chart")) == 3
 
 
-def test_cancel_then_resume(tmp_path):
+def test_cancel_then_resume(tmp_path, monkeypatch):
+    from routescope.app.views import experts
+
+    real, calls = experts.importance, []
+
+    def held_until_cancelled(*args, stop, **kwargs):
+        """The first sweep waits for the Cancel click, however fast this machine is (else it could end
+        before the click); then the real sweep sees the stop at once. Later sweeps run as they are."""
+        calls.append(1)
+        deadline = time.time() + 120
+        while len(calls) == 1 and not stop() and time.time() < deadline:
+            time.sleep(0.05)
+        return real(*args, stop=stop, **kwargs)
+
+    monkeypatch.setattr(experts, "importance", held_until_cancelled)
     data = tmp_path / "texts.txt"
     data.write_text(TEXT * 4, encoding="utf-8")
     at = experts_view("olmoe-tiny")
