@@ -7,7 +7,7 @@ the experts and pass 17 GiB), and a model of the same per-layer shape with 2 lay
 in a fresh process (`--child`), which samples its anonymous memory (RssAnon: mapped weights do not
 count) every 5 ms:
 
-- plain: `AutoModelForCausalLM.from_pretrained(dtype="auto")`, a forward of 64 tokens, a forward
+- plain: `AutoModelForCausalLM.from_pretrained(dtype="auto", trust_remote_code=False)`, a forward of 64 tokens, a forward
   over the corpus batches (4 x 64 tokens each);
 - routescope: `rs.load` (dtype auto), pick -> first routing heatmap (load, a traced 64-token
   prompt pass with its views, the figures drawn), a drop toggle (the same prompt with one expert
@@ -108,7 +108,7 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
         if side == "plain":
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
+            model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", trust_remote_code=False).eval()
             vocab = model.config.vocab_size
         else:
             import routescope as rs
