@@ -29,6 +29,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from routescope.core_models.generate import Sampling, generate
     from routescope.analysis.usage import ablation_for
+    from routescope.app.components.figures import format_prob  # the app's: small candidates keep their digits
 
     model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
     vocab = model.config.vocab_size
@@ -51,6 +52,6 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"note: {note}\n")
         sys.stdout.write(args.prompt + text + "\n\n")
         for s in gen.steps:
-            cands = ", ".join(f"{tok.decode([i])!r} {p:.1%}" for i, p in zip(s.top_ids, s.top_probs))
+            cands = ", ".join(f"{tok.decode([i])!r} {format_prob(p)}" for i, p in zip(s.top_ids, s.top_probs))
             sys.stdout.write(f"{s.position:4d} {tok.decode([s.token_id])!r:>14}  {cands}\n")
     return 0
