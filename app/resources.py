@@ -17,7 +17,7 @@ import torch
 from routescope.analysis.attribution import PathAttribution, TokenAttribution
 from routescope.analysis.domain import probe_routes
 from routescope.analysis.effects import ablation_effects
-from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes
+from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes, placement_setting
 from routescope.analysis.session import RunSettings, run_prompt
 from routescope.analysis.usage import run_usage
 from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, weight_files
@@ -48,17 +48,19 @@ def device_label() -> str:
         where = str(resolve_device(device))
     except ValueError as e:
         return str(e)
-    return f"{where} · {'dtype as stored' if dtype == 'auto' else dtype}" + (" (auto)" if device == "auto" else "")
+    spread = " · device map auto" if placement_setting()[0] == "auto" else ""
+    return f"{where} · {'dtype as stored' if dtype == 'auto' else dtype}" + (" (auto)" if device == "auto" else "") \
+        + spread
 
 
 def load(path: str, mtime: float):
     """(model, tokenizer) of a checkpoint on the app's device, loaded once per process."""
-    return _load(path, mtime, *device_setting())
+    return _load(path, mtime, *device_setting(), *placement_setting())
 
 
 @st.cache_resource(max_entries=24, show_spinner="Loading checkpoint…")
-def _load(path: str, mtime: float, device: str, dtype: str):
-    return load_checkpoint(path, device=device, dtype=dtype)
+def _load(path: str, mtime: float, device: str, dtype: str, device_map: str = "none", max_memory: str | None = None):
+    return load_checkpoint(path, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory)
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)

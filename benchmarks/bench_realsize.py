@@ -64,13 +64,14 @@ class AnonPeak:
         self.peak = max(self.peak, self.now())
 
 
-def build(path: Path, layers: int) -> int:
+def build(path: Path, layers: int, device: str = "cpu", shape: dict | None = None) -> int:
     """Write the checkpoint shard by shard: the embedding, each layer, then the head and final
-    norm; random normal weights (std 0.02), norms 1. Returns the bytes written."""
+    norm; random normal weights (std 0.02), norms 1, drawn on `device` (a GPU draws them faster).
+    Returns the bytes written."""
     import transformers as T
     from safetensors.torch import save_file
 
-    cfg = T.OlmoeConfig(**SHAPE, num_hidden_layers=layers, dtype="bfloat16")
+    cfg = T.OlmoeConfig(**(shape or SHAPE), num_hidden_layers=layers, dtype="bfloat16")
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in T.OlmoeForCausalLM(cfg).state_dict().items()}
     groups: dict[str, list[str]] = {}
@@ -79,12 +80,13 @@ def build(path: Path, layers: int) -> int:
         key = f"layer{int(part[2]):03d}" if part[:2] == ["model", "layers"] else ("embed" if "embed" in name else "head")
         groups.setdefault(key, []).append(name)
     path.mkdir(parents=True, exist_ok=True)
-    gen, weight_map, total = torch.Generator().manual_seed(0), {}, 0
+    gen, weight_map, total = torch.Generator(device).manual_seed(0), {}, 0
     names = sorted(groups)
     for i, key in enumerate(names):
         shard = f"model-{i + 1:05d}-of-{len(names):05d}.safetensors"
-        tensors = {n: (torch.ones(shapes[n]) if "norm" in n else torch.randn(shapes[n], generator=gen) * 0.02
-                       ).to(torch.bfloat16) for n in groups[key]}
+        tensors = {n: (torch.ones(shapes[n]) if "norm" in n else
+                       torch.randn(shapes[n], generator=gen, device=device) * 0.02).to(torch.bfloat16).cpu()
+                   for n in groups[key]}
         save_file(tensors, str(path / shard), metadata={"format": "pt"})
         total += sum(t.numel() * 2 for t in tensors.values())
         weight_map.update({n: shard for n in tensors})

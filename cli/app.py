@@ -83,9 +83,13 @@ def run(args: argparse.Namespace) -> int:
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the app package is not installed; run pip install -e . from the repository")
     main = os.path.join(list(spec.submodule_search_locations)[0], "main.py")
-    from routescope.core_models.devices import resolve_device
+    from routescope.core_models.devices import parse_max_memory, resolve_device
 
     resolve_device(args.device)  # an unavailable device stops here, in one line, not in the browser
-    env = app_environment(args.device, args.dtype, args.checkpoints or ())  # read by app/resources.py
+    parse_max_memory(args.max_memory)  # and a malformed --max-memory
+    if args.max_memory and args.device_map == "none":
+        raise ValueError("--max-memory applies with --device-map auto")
+    env = app_environment(args.device, args.dtype, args.checkpoints or (),  # read by app/resources.py
+                          device_map=args.device_map, max_memory=args.max_memory)
     cmd = streamlit_command(main, args, env)
     return run_child(cmd, env=env, cwd=os.path.dirname(os.path.dirname(main)))

@@ -49,7 +49,7 @@ def _target_id(tok: Any, args: argparse.Namespace) -> int | None:
 def run(args: argparse.Namespace) -> int:
     from routescope.analysis.attribution import TOKEN_METHODS, PathAttribution, TokenAttribution
 
-    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
+    model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     ids = tok.encode(args.prompt).ids[-model.context:]
     if not ids:
         raise ValueError("--prompt encodes to no tokens")

@@ -7,18 +7,19 @@ import sys
 from typing import Any, Iterable
 
 
-def load(path: str, device: str = "cpu", dtype: str = "auto") -> tuple[Any, Any]:
+def load(path: str, device: str = "cpu", dtype: str = "auto", **placement: Any) -> tuple[Any, Any]:
     """(model, tokenizer or None) of a checkpoint directory on `device` ("auto": CUDA, then MPS,
-    else CPU) in `dtype`; errors name the file and field, or the unavailable device."""
+    else CPU) in `dtype` (`placement`: device_map, max_memory); errors name the file and field, or
+    the unavailable device."""
     from routescope.core_models.checkpoint import load_checkpoint
-    return load_checkpoint(path, device=device, dtype=dtype)
+    return load_checkpoint(path, device=device, dtype=dtype, **placement)
 
 
-def load_with_tokenizer(path: str, device: str = "cpu", dtype: str = "auto") -> tuple[Any, Any]:
+def load_with_tokenizer(path: str, device: str = "cpu", dtype: str = "auto", **placement: Any) -> tuple[Any, Any]:
     """`load`, and a ValueError if the checkpoint has no tokenizer (text prompts need one)."""
     from routescope.core_models.checkpoint import require_tokenizer
 
-    model, tok = load(path, device, dtype)
+    model, tok = load(path, device, dtype, **placement)
     return model, require_tokenizer(tok, path)
 
 

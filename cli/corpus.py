@@ -98,12 +98,12 @@ def run(args: argparse.Namespace) -> int:
         D.load_corpus(args.data, text_column=args.text_column, label_columns=labels)
     settings = R.CorpusSettings(max_tokens=args.max_tokens, batch_size=args.batch_size)
     names = [Path(args.checkpoint).resolve().name]
-    loaded = [load_with_tokenizer(args.checkpoint, args.device, args.dtype)]
+    loaded = [load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))]
     if args.compare:
         names.append(Path(args.compare).resolve().name)
         if names[1] == names[0]:
             names = [f"{names[0]} (A)", f"{names[0]} (B)"]
-        loaded.append(load_with_tokenizer(args.compare, args.device, args.dtype))
+        loaded.append(load_with_tokenizer(args.compare, **O.device_kwargs(args)))
     layouts = [R.layout_of(m, data.label_columns) for m, _ in loaded]
     why = S.comparable(*layouts, names=tuple(names)) if len(layouts) == 2 else None
     if why:

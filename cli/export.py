@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out: the same file is given twice ({', '.join(args.out)})")
     i, n = parse_shard(args.shard)
     prompts = shard(prompts, i, n)
-    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
+    model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     if not model.routing_layers():
         raise ValueError(f"{args.checkpoint}: {model.config.label} has no routing layers to export")
     job.model_options(model)  # a run option the family does not take is refused before any work
@@ -142,6 +142,8 @@ def run_ray(args: argparse.Namespace, job) -> int:
         raise ValueError("--shard: not with --engine ray (Ray partitions the prompts itself; see --partition-size)")
     if len(args.out) != 1:
         raise ValueError(f"--out: --engine ray writes one Parquet dataset directory, got {len(args.out)} outputs")
+    if args.device_map != "none":
+        raise ValueError("--device-map: not with --engine ray (each worker loads its own copy on --device)")
     try:
         import ray  # noqa: F401  (only to say what is missing before any work)
     except ImportError:

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from routescope.analysis.usage import ablation_for
     from routescope.app.components.figures import format_prob  # the app's: small candidates keep their digits
 
-    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
+    model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     vocab = model.config.vocab_size
     if args.top_n > vocab:  # checked before any work, like every option
         raise ValueError(f"--top-n {args.top_n}: the vocabulary has {vocab:,} tokens; give 1..{vocab}")

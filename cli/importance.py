@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prune is not None and (settings.layers or settings.options):
         raise ValueError("--prune ranks every expert of every layer: leave out --layers and --options")
     data = D.load_corpus(args.data, text_column=args.text_column)
-    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
+    model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     I.scope_of(model, settings.layers, settings.options)  # bad layers / options: one line before any work
     if args.prune is not None:
         PR.check_prunable(model, args.prune)

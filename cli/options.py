@@ -175,3 +175,13 @@ def add_device_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=ChoicesOf("routescope.core_models.devices", "DTYPES"), default="auto", metavar="DTYPE",
                    help="parameter precision, one of %(choices)s (default auto: as the checkpoint stores it, "
                         "float32 for float16 on the CPU; see the README for the tolerance of bfloat16 against float32)")
+    p.add_argument("--device-map", choices=ChoicesOf("routescope.core_models.devices", "DEVICE_MAPS"), default="none",
+                   metavar="MAP", help="auto: accelerate spreads a transformers model over the GPUs, then the CPU, "
+                                       "then disk (for a model larger than one device); none (default): one device")
+    p.add_argument("--max-memory", default=None, metavar="SPEC",
+                   help="with --device-map auto, the most each device may hold, e.g. cpu=20GiB,0=70GiB")
+
+
+def device_kwargs(args: argparse.Namespace) -> dict:
+    """The loader's placement arguments from add_device_options' flags."""
+    return dict(device=args.device, dtype=args.dtype, device_map=args.device_map, max_memory=args.max_memory)

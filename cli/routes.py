@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from routescope.analysis import domain as D
 
     source = args.probes or D.DEFAULT_PROBES
-    model, tok = load_with_tokenizer(args.checkpoint, args.device, args.dtype)
+    model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     cfg = model.config
     D.require_table6(model)
     scan = _scan_probes(source, model, tok)

@@ -30,7 +30,8 @@ from torch.overrides import TorchFunctionMode
 
 from .base import RouteScopeLM
 from .config import BaseConfig, ConfigError, json_kind
-from .devices import STORED, place, require_fits, resolve_device, resolve_dtype, run_dtype
+from .devices import (STORED, parse_max_memory, place, require_fits, resolve_device, resolve_device_map, resolve_dtype,
+                      run_dtype)
 from .hf import is_hf_config
 from .registry import build_model, config_from_dict, param_count
 
@@ -315,7 +316,8 @@ TOKENIZER_SHARE = 0.9  # a tokenizer covering less of a transformers model's voc
 log = logging.getLogger(__name__)
 
 
-def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torch.dtype | None):
+def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torch.dtype | None,
+                        device_map: str | None = None, max_memory: dict | None = None):
     """A transformers model directory, loaded by transformers from local safetensors files only."""
     from .hf import check_hf_directory, load_hf
 
@@ -333,28 +335,36 @@ def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torc
         log.warning(f"{path / TOKENIZER}: {n} tokens for a model of {vocab} ids ({n / vocab:.0%}): ids {n}..{vocab - 1} "
                     "decode to nothing; is this the model's own tokenizer?")
     try:
-        model = load_hf(path, raw, device=device, dtype=dtype)
+        model = load_hf(path, raw, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     return model, tok
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu",
-                    dtype: str | torch.dtype | None = "auto"):
+                    dtype: str | torch.dtype | None = "auto", device_map: str | None = None,
+                    max_memory: str | dict | None = None):
     """Return (model in eval mode, tokenizer or None). Every check runs before the model takes memory,
     the last of them that it fits in the memory `device` has free (devices.require_fits).
 
     `device`: "cpu", "cuda[:N]", "mps", "auto" (devices.resolve_device) or "meta" (every check, no
     weight read: a model of shapes only). `dtype` applies to the floating parameters: "auto" (the
     default) the dtype the checkpoint stores (float32 for float16 on the CPU: devices.run_dtype),
-    or float32, bfloat16, float16; the position tables stay float32 (devices.place)."""
+    or float32, bfloat16, float16; the position tables stay float32 (devices.place).
+
+    `device_map="auto"` (transformers models): accelerate spreads the model over the GPUs, the CPU
+    and disk, within `max_memory` ("cpu=20GiB,0=70GiB" or accelerate's dict) where given (hf.load_hf).
+    RouteScope's own checkpoints (megabytes) load whole on `device` whatever the map."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
+    device_map, max_memory = resolve_device_map(device_map), parse_max_memory(max_memory)
+    if max_memory is not None and device_map is None:
+        raise CheckpointError("max_memory applies with device_map 'auto' (--device-map auto)")
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
     raw = read_config(path)
     if is_hf_config(raw):  # a transformers model directory (model_type, *.safetensors)
-        return _load_hf_checkpoint(path, raw, device, dtype)
+        return _load_hf_checkpoint(path, raw, device, dtype, device_map, max_memory)
     config = read_model_config(path)
     weights = path / WEIGHTS
     if not weights.is_file():

@@ -16,6 +16,7 @@ recorded traces (`runtime.Trace`: CPU, float32) are independent of where the mod
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -61,6 +62,38 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     elif dev.type not in ("cpu", "meta"):
         raise ValueError(f"device {name!r}: expected one of {', '.join(DEVICES)} (or cuda:N)")
     return dev
+
+
+DEVICE_MAPS = ("none", "auto")  # --device-map: one device, or accelerate's placement over GPUs, CPU and disk
+_SIZE = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B|B)?", re.IGNORECASE)
+
+
+def resolve_device_map(name: str | None) -> str | None:
+    """"auto" -> "auto" (accelerate places the model); None, "" or "none" -> None (one device)."""
+    name = "none" if name is None else str(name).strip().lower()
+    if name in ("", "none"):
+        return None
+    if name != "auto":
+        raise ValueError(f"device map {name!r}: expected auto or none")
+    return name
+
+
+def parse_max_memory(spec: str | dict | None) -> dict | None:
+    """"cpu=20GiB,0=70GiB" -> {"cpu": "20GiB", 0: "70GiB"}: accelerate's max_memory, per device (a
+    GPU by index, "cpu"), in bytes or with a unit. A dict passes through; None stays None."""
+    if spec is None or isinstance(spec, dict):
+        return spec
+    out: dict = {}
+    for part in filter(None, (p.strip() for p in str(spec).split(","))):
+        where, eq, size = (x.strip() for x in part.partition("="))
+        where = where.lower().removeprefix("cuda:")
+        if not eq or not (where == "cpu" or where.isdigit()) or not _SIZE.fullmatch(size):
+            raise ValueError(f"max memory {part!r}: expected DEVICE=SIZE, DEVICE cpu or a GPU index, SIZE like "
+                             "20GiB (e.g. cpu=20GiB,0=70GiB)")
+        out[int(where) if where.isdigit() else where] = int(size) if size.isdigit() else size.replace(" ", "")
+    if not out:
+        raise ValueError(f"max memory {spec!r}: expected DEVICE=SIZE[,DEVICE=SIZE] (e.g. cpu=20GiB,0=70GiB)")
+    return out
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

@@ -417,6 +417,7 @@ class HFModel(RouteScopeLM):
         self.routing_modules = layers
         self.sites = sites
         self.attn_layers = []
+        self._offload: Any = None  # load_hf's offload folder under device_map="auto"
         self._stack, self._decoder_of, self._tail = _decoder_stack(self.hf, list(layers))
         self._decoder_ids: dict[int, int] = {}
         if self._stack is not None:
@@ -727,6 +728,23 @@ class HFModel(RouteScopeLM):
         cache.extra["hf"] = None  # transformers makes the model's own kind of cache on the first call
         return cache
 
+    @property
+    def device(self) -> torch.device:
+        """Where inputs go: the parameters' device, or under a device map (accelerate) the device the
+        input embedding runs on (offloaded parameters sit on the meta device meanwhile)."""
+        placement = self.hf.__dict__.get("hf_device_map")  # set by transformers only when a map was used
+        if not placement:
+            return super().device
+        emb = next(n for n, m in self.hf.named_modules() if m is self.hf.get_input_embeddings())
+        where = max((k for k in placement if emb == k or emb.startswith(k + ".") or k == ""), key=len)
+        return execution_device(placement[where])
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Module -> device under a device map ({} when the whole model sits on one device)."""
+        return {k: str(execution_device(v)) if v != "disk" else "disk"
+                for k, v in (self.hf.__dict__.get("hf_device_map") or {}).items()}
+
     def active_params(self) -> int:
         """Per token: everything but the experts a token does not use (k of n routed experts)."""
         total = self.num_params()
@@ -840,11 +858,21 @@ def _load_report_problem(info: dict) -> str | None:
     return "; ".join(parts) or None
 
 
-def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: torch.dtype | None) -> HFModel:
+def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: torch.dtype | None,
+            device_map: str | None = None, max_memory: dict | None = None) -> HFModel:
     """The transformers model in directory `path` (config dict `d`), from local files only, safetensors
     only (`check_hf_directory` ran first), wrapped and instrumented. `dtype` None: as stored
-    (`devices.run_dtype`). Refused before any weight is read when it does not fit (`require_fits`)."""
+    (`devices.run_dtype`). Refused before any weight is read when it does not fit (`require_fits`).
+
+    `device_map="auto"`: accelerate spreads the model over the GPUs, then the CPU, then disk (a
+    temporary offload folder, removed with the model), within `max_memory` ({"cpu": "20GiB", 0:
+    "70GiB"}: accelerate's own argument) where given; no memory refusal then, since what does not fit
+    goes to disk. Inputs go to the embedding's device (`HFModel.device`)."""
     check_hf_directory(path, d)
+    if device_map not in (None, "auto"):
+        raise ValueError(f"device_map {device_map!r}: expected 'auto' (or none)")
+    if device_map is not None and device.type == "meta":
+        raise ValueError("device_map 'auto' places weights; it does not apply to the meta device")
     try:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -873,14 +901,21 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
             hf = AutoModelForCausalLM.from_config(config.transformers_config(), trust_remote_code=False)
         moe_layout(hf)
         dtype = run_dtype(dtype, _stored_dtype(Path(path), d), device)
-        require_fits(sum(p.numel() for p in hf.parameters()), dtype, device, str(path))
+        if device_map is None:
+            require_fits(sum(p.numel() for p in hf.parameters()), dtype, device, str(path))
+        offload = _offload_folder() if device_map is not None else None
         if device.type != "meta":
-            hf, info = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True,
-                                                            trust_remote_code=False,  # never run the directory's code
-                                                            dtype=dtype, device_map=None, output_loading_info=True,
-                                                            ignore_mismatched_sizes=True)  # refused below, by name
+            hf, info = AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, use_safetensors=True,
+                trust_remote_code=False,  # never run the directory's code
+                dtype=dtype, output_loading_info=True,
+                # straight onto the device (no float copy through the CPU first), or spread by accelerate
+                **({"device_map": None if device.type == "cpu" else device} if device_map is None else
+                   {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload.name}),
+                ignore_mismatched_sizes=True)  # refused below, by name
             problem = _load_report_problem(info)  # transformers fills a missing tensor with random values
-            hf = hf.to(device) if problem is None else None
+            if problem is not None:
+                hf = None
     except TooLarge:
         raise
     except UnsupportedMoE as e:
@@ -896,7 +931,26 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
             hf_logging.enable_progress_bar()
     if hf is None:
         raise ValueError(f"{path}: the weights do not match the model: {problem}")
-    return HFModel(config, hf).eval()
+    model = HFModel(config, hf).eval()
+    if offload is not None:
+        model._offload = offload  # the offloaded weights' folder lives (and is removed) with the model
+    return model
+
+
+def execution_device(where: Any) -> torch.device:
+    """A device-map entry (GPU index, "cpu", "disk", "cuda:1", ...) -> where its inputs are computed:
+    accelerate runs disk-offloaded modules on the CPU when no GPU is in the map."""
+    if isinstance(where, int):
+        return torch.device("cuda", where)
+    return torch.device("cpu" if where == "disk" else where)
+
+
+def _offload_folder() -> Any:
+    """A temporary folder for the weights accelerate offloads to disk, removed when it is collected
+    or at exit (an interrupted run leaves at most this folder, under the system's temp dir)."""
+    import tempfile
+
+    return tempfile.TemporaryDirectory(prefix="routescope-offload-")
 
 
 __all__ = ["LOGIT_MASK", "REFUSED", "HFConfig", "HFModel", "HFRoutingLayer", "MoEBlock", "Prefix", "UnsupportedMoE",
