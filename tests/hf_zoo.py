@@ -46,6 +46,9 @@ OVERRIDES: dict[str, dict] = {
     "doge": {"is_moe": True},  # dense by default; the MoE variant is what this zoo is for
     "gemma4_text": {"enable_moe_block": True},
     "gemma4": {"enable_moe_block": True},
+    # its attention reads attn_config.rope_theta, which DbrxAttentionConfig does not default, and clamps by
+    # clip_qkv, which fails at its default None: both as DBRX's own config.json sets them
+    "dbrx": {"attn_config": {"kv_n_heads": 4, "rope_theta": 10000.0, "clip_qkv": 8.0}},
     "dots3_note": {"adapter_in_dim": 64, "adapter_out_dim": 64},  # its vision adapter joins the two widths
 }
 
