@@ -50,6 +50,7 @@ OVERRIDES: dict[str, dict] = {
     # clip_qkv, which fails at its default None: both as DBRX's own config.json sets them
     "dbrx": {"attn_config": {"kv_n_heads": 4, "rope_theta": 10000.0, "clip_qkv": 8.0}},
     "dots3_note": {"adapter_in_dim": 64, "adapter_out_dim": 64},  # its vision adapter joins the two widths
+    "dots3_note_vision_encoder": {"adapter_in_dim": 64, "adapter_out_dim": 64},  # its adapter: own width -> text's
 }
 
 
@@ -112,7 +113,8 @@ def shrink(d: dict, vocab: int) -> dict:
                 d[k]["model_type"] = v["model_type"]
                 d[k].update(OVERRIDES.get(v["model_type"], {}))
         elif k.endswith("_config") and isinstance(v, dict):  # vision/audio towers: small too
-            d[k] = {**shrink(v, vocab), **({"model_type": v["model_type"]} if "model_type" in v else {})}
+            d[k] = {**shrink(v, vocab), **({"model_type": v["model_type"]} if "model_type" in v else {}),
+                    **OVERRIDES.get(v.get("model_type"), {})}
     for f in LAYER_FIELDS:
         if isinstance(d.get(f), int):
             d[f] = N_LAYERS
