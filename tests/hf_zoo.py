@@ -50,7 +50,9 @@ OVERRIDES: dict[str, dict] = {
     # clip_qkv, which fails at its default None: both as DBRX's own config.json sets them
     "dbrx": {"attn_config": {"kv_n_heads": 4, "rope_theta": 10000.0, "clip_qkv": 8.0}},
     "dots3_note": {"adapter_in_dim": 64, "adapter_out_dim": 64},  # its vision adapter joins the two widths
-    "dots3_note_vision_encoder": {"adapter_in_dim": 64, "adapter_out_dim": 64},  # its adapter: own width -> text's
+    # its towers' adapters: their own width (must equal hidden_size) -> the text model's
+    "dots3_note_vision_encoder": {"adapter_in_dim": 64, "adapter_out_dim": 64},
+    "dots3_note_audio_encoder": {"adapter_input_size": 64, "adapter_out_dim": 64},
 }
 
 
