@@ -51,7 +51,7 @@ SCALE = "scale"  # PAGMLP pathway scale (alpha for SwiGLU, beta for GEGLU)
 ACT_NORM = "act_norm"  # norm of the scaled pathway activation (before the down projection)
 OUT_NORM = "out_norm"  # norm of the pathway's output contribution down[:, half] @ act
 
-# --- Table 6 (domain routing) -----------------------------------------------------------------
+# --- probe prompts with expected routes (a family's `ProbeTable`) and their accuracy ------------
 PROMPT_ID = "prompt_id"
 DOMAIN = "domain"
 EXPECTED_PATH = "expected_path"
@@ -63,6 +63,8 @@ CORRECT = "correct"
 SOURCE = "source"  # "ours" or "paper"
 METRIC = "metric"
 VALUE = "value"
+PROBE_SET = "probe_set"  # accuracy tables: which probe file
+ROUTE_AT = "route_at"  # ... and how a prompt's route was read (last token, majority, the paper's)
 
 # --- effects and attribution ------------------------------------------------------------------
 TOKEN_ID = "token_id"

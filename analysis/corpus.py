@@ -12,8 +12,9 @@ only, so memory does not grow with the number of prompts. The reductions:
   (`slot_share`, sums to 1; equal to `first_share` where k = 1). An option is `dead` when its slot
   share is below DEAD_FRACTION of the uniform share 1/n, `overloaded` above OVERLOAD_FACTOR times it.
 - `label_shares`: per label column and value, reading ("token": every token; "last token": each
-  row's last real token, Table 6's reading), layer and option: first choices and their share of the
-  defined routes (the general form of Table 6: any labels, any options).
+  row's last real token, as a paper's probe table reads a prompt's route), layer and option: first
+  choices and their share of the defined routes (the general form of a probe table: any labels,
+  any options).
 - `accuracy`: where a label value maps to an intended option (`intended`), the share of its defined
   routes that take it, per layer and over all layers, per value and over every mapped value.
 - `specialisation`: per layer and option, the tokens (input token, or the model's predicted next
@@ -65,7 +66,7 @@ BY, RANK, TOKEN_COUNT, OF_TOKEN, OPTION_SHARE, LIFT, G2, P_VALUE = "by", "rank",
 LAYER_A, LAYER_B, LABEL_A, LABEL_B, P_B_GIVEN_A = "layer_a", "layer_b", "label_a", "label_b", "p_b_given_a"
 KIND, SCOPE, MEAN, STD, MIN, MAX, SELECTED_SHARE = "kind", "scope", "mean", "std", "min", "max", "selected_share"
 BY_KINDS = ("input", "predicted")
-# label columns whose values name the intended option themselves: 1-based (Table 6's) or 0-based
+# label columns whose values name the intended option themselves: 1-based (a probe file's) or 0-based
 EXPECTED_PATH, EXPECTED_OPTION = C.EXPECTED_PATH, "expected_option"
 
 
@@ -284,7 +285,7 @@ def label_shares(stats: RouteStats) -> pd.DataFrame:
 
 def default_intended(label_columns: Sequence[str], values: Mapping[str, Sequence[str]]) -> dict[str, dict[str, int]]:
     """The intended options a dataset states itself: a label column `expected_path` holds 1-based
-    routes (Table 6's: route r = option r - 1), `expected_option` 0-based options."""
+    routes (a probe file's: route r = option r - 1), `expected_option` 0-based options."""
     out: dict[str, dict[str, int]] = {}
     for column, offset in ((EXPECTED_PATH, 1), (EXPECTED_OPTION, 0)):
         if column in label_columns:

@@ -30,7 +30,7 @@ HELP: dict[str, str] = {
     S.OVERLOADED: f"Overloaded: its slot share is over {S.OVERLOAD_FACTOR:g} times the uniform share.",
     S.LABEL_COLUMN: "The dataset's label column.",
     S.LABEL_VALUE: "The label's value (\"(all)\": every mapped value together).",
-    S.READING: "token: every token; last token: each row's last real token (Table 6's reading).",
+    S.READING: "token: every token; last token: each row's last real token (how a probe prompt's route is read).",
     C.COUNT: "How many tokens (or rows) this row counts.",
     S.N: "The number this row's share is out of.",
     C.SHARE: "count / n.",

@@ -36,6 +36,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Sequence
@@ -551,31 +552,45 @@ def validation_split(domains: Sequence[str], n_docs: int = VALIDATION_DOCS, max_
     return rows_corpus(f"validation split: {' + '.join(domains)} ({n_docs} documents each)", rows, ["domain"])
 
 
-def _probe_file(file: str) -> Callable[[], CorpusData]:
-    return lambda: load_corpus(DATA / file, label_columns=("domain", "expected_path"))
+def _probe_file(path: Any) -> Callable[[], CorpusData]:
+    return lambda: load_corpus(path, label_columns=("domain", "expected_path"))
 
 
 def _validation(*domains: str) -> Callable[[], CorpusData]:
     return lambda: validation_split(domains)
 
 
-# shown name -> loader; the first is the view's default (20 prompts: instant)
-SHIPPED: dict[str, Callable[[], CorpusData]] = {
-    "Table 6 probes": _probe_file("table6_probes.tsv"),
-    "held-out probes": _probe_file("heldout_probes.tsv"),
+VALIDATIONS: dict[str, Callable[[], CorpusData]] = {
     "validation split: story + math": _validation("story", "math"),
     "validation split: story": _validation("story"),
     "validation split: math": _validation("math"),
 }
+VALIDATION_IDS = ("validation", "validation-story", "validation-math")
 
 
-# short names for the command line (`routescope corpus --shipped table6`)
-SHIPPED_IDS = dict(zip(("table6", "heldout", "validation", "validation-story", "validation-math"), SHIPPED))
+def shipped_datasets() -> dict[str, Callable[[], CorpusData]]:
+    """Shown name -> loader: the probe sets that family specs declare (`ProbeTable.sets`, labelled
+    by domain and expected path; the first is the views' default: 20 prompts, instant), then the
+    validation splits."""
+    from routescope.families import specs  # the spec module sits above analysis
+
+    probes = {f"{name} probes": _probe_file(path) for s in specs() if s.probes for name, path in s.probes.sets.items()}
+    return {**probes, **VALIDATIONS}
+
+
+def shipped_ids() -> dict[str, str]:
+    """Short names for the command line (`routescope corpus --shipped NAME`) -> shown names: a probe
+    set's name in lower case without spaces or hyphens, then VALIDATION_IDS."""
+    names = list(shipped_datasets())
+    probes = names[:len(names) - len(VALIDATIONS)]
+    short = [re.sub(r"[\s-]", "", n.removesuffix(" probes").lower()) for n in probes]
+    return dict(zip([*short, *VALIDATION_IDS], names))
 
 
 def shipped(name: str) -> CorpusData:
     """A shipped dataset by its name or short name."""
-    name = SHIPPED_IDS.get(name, name)
-    if name not in SHIPPED:
-        raise ValueError(f"no shipped dataset {name!r} (shipped: {', '.join(SHIPPED_IDS)})")
-    return SHIPPED[name]()
+    ids, datasets = shipped_ids(), shipped_datasets()
+    name = ids.get(name, name)
+    if name not in datasets:
+        raise ValueError(f"no shipped dataset {name!r} (shipped: {', '.join(ids)})")
+    return datasets[name]()

@@ -52,7 +52,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
                     "never counts; tokens whose route is undefined are left out."),
     "label_shares": ("Routes by label",
                      "Per label column and value: the share of its routes taking each option, over every token and "
-                     "at each row's last token (the reading of the PaPaformer paper's Table 6)."),
+                     "at each row's last token (how a paper's probe table reads a prompt's route)."),
     "accuracy": ("Accuracy against intended options",
                  "Where a label value maps to an intended option (expected_path: 1-based, route r = option r - 1; "
                  "expected_option: 0-based; or given), the share of its routes that take it, per layer and over all "

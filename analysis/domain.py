@@ -31,12 +31,17 @@ from routescope.core_models.runtime import Ablation, Trace, tracing
 from routescope.core_models.sites import site_name
 
 from . import columns as C
-from .families import table6_reader
+from .families import RouteReader, family_analysis
 from .prompts import MAX_LINE_BYTES, iter_lines, open_regular_file
 
 REQUIRED = (C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.PROMPT)
 PAPER_PREFIX = "paper_"
 DEFAULT_PROBES = Path(__file__).parent / "data" / "table6_probes.tsv"
+HELDOUT_PROBES = Path(__file__).parent / "data" / "heldout_probes.tsv"
+PROBE_SETS = {"Table 6": DEFAULT_PROBES, "held-out": HELDOUT_PROBES}  # the PaPaformer spec's probe sets
+ROUTE_AT = {"last": False, "majority": True}  # route_at label -> probe_routes(majority=...)
+PAPER_READING = "paper's routes"
+PROBE_SET, ROUTE_AT_COL = C.PROBE_SET, C.ROUTE_AT  # accuracy table columns
 PAPER_N_PATHS = 2  # the paper's models: routes 1, 2 = paths, 3 = combined (Gumbel)
 
 
@@ -158,10 +163,16 @@ def expected_path_error(value: int, n_paths: int) -> str | None:
     return f"expected_path {value} is out of range 1..{n_paths} (the checkpoint has {n_paths} paths)"
 
 
-def require_table6(model: Any) -> Any:
-    """The model's `RouteReader` if Table 6 routes are defined for it (its family's reader says so:
-    PaPaformer's parallel layers), else ValueError."""
-    return table6_reader(model)
+def require_table6(model: Any) -> RouteReader:
+    """The model's `RouteReader` if Table 6 routes are defined for it (its family's spec declares
+    probe prompts: PaPaformer's parallel layers), else ValueError."""
+    from routescope.families import spec_of  # the spec module imports this one
+
+    analysis = family_analysis(model)
+    if spec_of(model).probes is None or analysis.route_reader is None:
+        raise ValueError(f"Table 6 routes need a PaPaformer checkpoint (family 'papaformer'), "
+                         f"not {model.config.label!r}")
+    return analysis.route_reader(model)
 
 
 def prompt_routes(per_token: np.ndarray, lengths: Sequence[int], *, majority: bool = False) -> np.ndarray:
@@ -396,3 +407,49 @@ class RouteTally:
         rows.append(("accuracy", frac(self.n_correct)))
         rows.append(("n_routes", float(n)))
         return pd.DataFrame([(source, m, v) for m, v in rows], columns=[C.SOURCE, C.METRIC, C.VALUE])
+
+
+# --- the report's probe section (`routescope.families.ProbeTable` of the PaPaformer spec) ------------
+
+def accuracy_table(config: Any, *, probe_set: str, route_at: str, ours: pd.DataFrame | None = None,
+                   paper: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`table6_summary` of our routes or the paper's, with the probe set and the reading (last /
+    majority / the paper's routes) as columns."""
+    df = table6_summary(config, ours=ours, paper=paper)
+    df.insert(0, ROUTE_AT_COL, route_at)
+    df.insert(0, PROBE_SET, probe_set)
+    return df
+
+
+def probe_intended(source: Any = DEFAULT_PROBES) -> dict[str, dict[str, int]]:
+    """{"domain": {domain: option}} from a probe file: the option (expected_path - 1) its probes of
+    that domain expect most often."""
+    probes = read_probes(source)
+    out = {}
+    for dom, g in probes.groupby(C.DOMAIN, sort=False):
+        out[str(dom)] = int(g[C.EXPECTED_PATH].mode().min()) - 1
+    return {C.DOMAIN: out}
+
+
+def probe_accuracy(model: Any, tokenizer: Any, sets: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """Routing accuracy of each probe set at the last prompt token and by majority over its tokens,
+    and of the paper's printed routes where the file has them: the long accuracy table (probe_set,
+    route_at, source, metric, value) and the per-probe tables ("Table 6, last" -> `table6`)."""
+    cfg, acc, tables = model.config, [], {}
+    for set_name, source in sets.items():
+        probes = read_probes(source)
+        paper = paper_routes(probes, cfg.combiner)
+        for at, majority in ROUTE_AT.items():
+            ours = probe_routes(model, tokenizer, probes, majority=majority)
+            acc.append(accuracy_table(cfg, ours=ours, probe_set=set_name, route_at=at))
+            tables[f"{set_name}, {at}"] = table6(ours, probes, paper)
+        if paper is not None:  # the paper printed one route per layer: no last / majority reading
+            acc.append(accuracy_table(cfg, paper=paper, probe_set=set_name, route_at=PAPER_READING))
+    accuracy = pd.concat(acc, ignore_index=True) if acc else \
+        pd.DataFrame(columns=[PROBE_SET, ROUTE_AT_COL, C.SOURCE, C.METRIC, C.VALUE])
+    return accuracy, tables
+
+
+REPORT_NOTE = ("Accuracy = share of (prompt, layer) routes equal to the prompt's expected path (the combined "
+               "route never counts as correct); \"paper\" = the routes printed in the paper's Table 6 (its models "
+               "have 2 paths).")

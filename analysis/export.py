@@ -24,7 +24,7 @@ Reading restores the schema's dtypes, so `read_csv(write_csv(df))` equals `df`
 
 `CsvWriter` is the one CSV writer of the project: the export table (files, `routescope export`,
 the app's routing download) and every other table the app offers as CSV (`frame_csv_bytes`:
-generation candidates, Table 6 report and summary) are written by it. `read_frame_csv` reads
+generation candidates, the tables of a family's pages) are written by it. `read_frame_csv` reads
 such a table back, text restored exactly.
 
 `ExportWriter` appends batches to a CSV and/or a Parquet file (`pyarrow.parquet.ParquetWriter`)

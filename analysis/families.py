@@ -1,7 +1,7 @@
 """The analysis half of each family's spec (`routescope.families.FamilySpec.analysis`): the routing
 views of a traced run (name -> `View`: a tidy frame; the app's Routing and Export views loop over
 them), the rows a traced call adds to the export table, the family's per-token routes
-(`route_reader`: the report, Table 6, corpus statistics) and a second pass where its views need one.
+(`route_reader`: the report, probe routes, corpus statistics) and a second pass where its views need one.
 Code elsewhere asks the model's spec (`family_analysis(model)`), never compares family names.
 
 Everything else about a family comes from its model: routing layers, their roles, option labels and
@@ -74,10 +74,10 @@ def views_of(*named: tuple[str, pd.DataFrame | None, str] | tuple[str, pd.DataFr
 
 @dataclass(frozen=True)
 class RouteReader:
-    """How a family's per-token routes are read (the report, Table 6 and corpus statistics): its
-    routing layers in forward order, the label of each 1-based route r (= option r - 1), the sites
-    to trace, and `routes(trace)` -> (L, B, T) 1-based routes, 0 where undefined. `table6`: the
-    PaPaformer paper's Table 6 probes apply (expected path r = route r). `topk(trace)`, for
+    """How a family's per-token routes are read (the report, probe routes and corpus statistics):
+    its routing layers in forward order, the label of each 1-based route r (= option r - 1), the
+    sites to trace, and `routes(trace)` -> (L, B, T) 1-based routes, 0 where undefined (a probe's
+    expected path r = route r, where the family's spec declares probes). `topk(trace)`, for
     families whose layers pick several options per token: (L, B, T, k) 1-based picks best first,
     0 where undefined or where a layer picks fewer than k (its `sites` are among `sites`).
     `routed`: per layer, how many of its options (the first ones) its router picks among; later
@@ -88,7 +88,6 @@ class RouteReader:
     sites: list[str]
     routes: Callable[[Any], np.ndarray]
     description: str  # for pages: the model and how a route is read
-    table6: bool = False
     topk: Callable[[Any], np.ndarray] | None = None
     routed: tuple[int, ...] | None = None
 
@@ -248,7 +247,7 @@ def papaformer_reader(model: RouteScopeLM) -> RouteReader:
         f"PaPaformer, combiner <b>{html.escape(cfg.combiner)}</b>, {cfg.n_parallel_layers} parallel layers of "
         f"{cfg.n_paths} paths. A route is the Gumbel router's choice, or Share-Linear's path whose output has "
         "the highest cosine with the combined output (undefined routes left out). Routes are 1-based like "
-        "the paper (route r = path r - 1).", table6=True)
+        "the paper (route r = path r - 1).")
 
 
 # --- top-k routers: MoEP and Hugging Face MoE (sites from each layer's roles) ----------------------
@@ -443,13 +442,3 @@ def route_reader(model: RouteScopeLM) -> RouteReader:
         having = ", ".join(s.name for s in specs() if s.analysis.route_reader is not None)
         raise ValueError(f"{model.config.label} has no per-token routes to read (families with them: {having})")
     return analysis.route_reader(model)
-
-
-def table6_reader(model: RouteScopeLM) -> RouteReader:
-    """The route reader of a model the Table 6 probes apply to, or ValueError naming its families."""
-    analysis = family_analysis(model)
-    reader = analysis.route_reader(model) if analysis.route_reader is not None else None
-    if reader is None or not reader.table6:
-        raise ValueError(f"Table 6 routes need a PaPaformer checkpoint (family 'papaformer'), "
-                         f"not {model.config.label!r}")
-    return reader

@@ -5,11 +5,10 @@ domain's validation split, with two sections of its own.
    documents of each domain (`corpus_data.validation_split`, labelled by domain), each cut to its
    first `seq_len` tokens: utilisation with dead and overloaded options, routes by domain, token
    specialisation, co-routing; per-call values for families without per-token routes. Where the
-   Table 6 probes apply (the route reader's `table6`), each domain's intended option is the one
-   its probes expect (expected_path - 1), so the page also shows accuracy on validation tokens.
-2. Routing accuracy (Table 6 probes apply): the Table 6 probes against the paper's routes and the
-   held-out probes (`domain.probe_routes`, `table6_summary`, `paper_routes`), at the last prompt
-   token and by majority over the prompt's tokens.
+   family's spec declares probe prompts (`routescope.families.ProbeTable`), each domain's intended
+   option is the one its probes expect, so the page also shows accuracy on validation tokens.
+2. Routing accuracy (where the spec declares probes): each probe set's routes against their
+   expected paths and the paper's printed routes (`ProbeTable.accuracy`).
 3. Dropping each option (any family with routing layers): validation loss per domain with option j
    dropped in every routing layer (`Ablation(drop=(("*", j),))`: a path not run, a block/expert
    never selected, a pathway or stream switched off) beside the unablated loss, and the mean
@@ -24,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,30 +33,24 @@ import torch.nn.functional as F
 from routescope.core_models.runtime import Ablation, AblationError
 
 from . import columns as C
-from . import domain as D
 from .corpus_data import validation_split
 from .corpus_page import html_table
 from .html_safe import text
 from .corpus_run import CorpusResult, CorpusSettings, run_corpus
 from .effects import ablation_effects
-from .families import family_analysis
 from .routing import option_names
-
-HELDOUT_PROBES = Path(__file__).parent / "data" / "heldout_probes.tsv"
-PROBE_SETS = {"Table 6": D.DEFAULT_PROBES, "held-out": HELDOUT_PROBES}
-ROUTE_AT = {"last": False, "majority": True}  # route_at label -> domain.probe_routes(majority=...)
-PAPER_READING = "paper's routes"
 
 # report-specific columns
 LOSS, BASE_LOSS, DELTA, MEAN_KL = "loss", "base_loss", "delta", "mean_kl"
-PROBE_SET, ROUTE_AT_COL, DROPPED = "probe_set", "route_at", "dropped"
+PROBE_SET, ROUTE_AT_COL, DROPPED = C.PROBE_SET, C.ROUTE_AT, "dropped"
 
 
 @dataclass
 class ReportData:
     """Everything the page shows: the corpus statistics and their tables, the option labels, and
-    the report's own tables (accuracy and probe tables empty where Table 6 does not apply; drops
-    empty for a model without routing layers)."""
+    the report's own tables (accuracy and probe tables empty where the family declares no probes;
+    drops empty for a model without routing layers). `probe_sets`, `probe_note`: the probe sets
+    run and what the page says of their accuracy."""
 
     name: str
     config: dict[str, Any]
@@ -67,22 +59,14 @@ class ReportData:
     tables: dict[str, pd.DataFrame]
     labels: dict[str, list[str]]
     accuracy: pd.DataFrame  # probe_set, route_at, source, metric, value
-    probe_tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # "Table 6, last" -> domain.table6
+    probe_tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # "<probe set>, last" -> per-probe routes
     drops: pd.DataFrame = field(default_factory=pd.DataFrame)  # dropped, label, domain, loss, base_loss, ...
     notes: list[str] = field(default_factory=list)
+    probe_sets: tuple[str, ...] = ()
+    probe_note: str = ""
 
 
 # --- pure parts ------------------------------------------------------------------------------------
-
-def accuracy_table(config: Any, *, probe_set: str, route_at: str, ours: pd.DataFrame | None = None,
-                   paper: pd.DataFrame | None = None) -> pd.DataFrame:
-    """`domain.table6_summary` of our routes or the paper's, with the probe set and the reading
-    (last / majority / the paper's routes) as columns."""
-    df = D.table6_summary(config, ours=ours, paper=paper)
-    df.insert(0, ROUTE_AT_COL, route_at)
-    df.insert(0, PROBE_SET, probe_set)
-    return df
-
 
 def accuracy_wide(acc: pd.DataFrame) -> pd.DataFrame:
     """One row per (probe set, reading, source): the route shares, accuracy and route count."""
@@ -92,16 +76,6 @@ def accuracy_wide(acc: pd.DataFrame) -> pd.DataFrame:
     if "n_routes" in wide:
         wide["n_routes"] = wide["n_routes"].astype("int64")
     return wide
-
-
-def probe_intended(source: Any = D.DEFAULT_PROBES) -> dict[str, dict[str, int]]:
-    """{"domain": {domain: option}} from a probe file: the option (expected_path - 1) its probes of
-    that domain expect most often."""
-    probes = D.read_probes(source)
-    out = {}
-    for dom, g in probes.groupby(C.DOMAIN, sort=False):
-        out[str(dom)] = int(g[C.EXPECTED_PATH].mode().min()) - 1
-    return {C.DOMAIN: out}
 
 
 # --- running the model -------------------------------------------------------------------------------
@@ -165,6 +139,7 @@ def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len
             progress: Any = None) -> ReportData:
     """Run every analysis of the report on `model` (any family)."""
     from routescope.corpora import corpus
+    from routescope.families import spec_of  # the spec module imports analysis
 
     from .prompts import TokenText
 
@@ -175,22 +150,12 @@ def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len
     result = run_corpus(model, tokenizer, data, name=name, settings=CorpusSettings(max_tokens=seq_len,
                                                                                   batch_size=batch_size),
                         decode=lambda i: text([i])[0], progress=progress)
-    reader = family_analysis(model).route_reader
-    table6 = result.layout.routes and reader is not None and reader(model).table6
-    intended = probe_intended() if table6 else {}
+    probes = spec_of(model).probes if result.layout.routes else None
+    intended = dict(probes.intended()) if probes else {}
     tables = result.tables(top=top, min_count=min_count, intended=intended)
-    acc, probe_tables = [], {}
-    for set_name, source in ((PROBE_SETS if probe_sets is None else probe_sets).items() if table6 else ()):
-        probes = D.read_probes(source)
-        paper = D.paper_routes(probes, cfg.combiner)
-        for at, majority in ROUTE_AT.items():
-            ours = D.probe_routes(model, tokenizer, probes, majority=majority)
-            acc.append(accuracy_table(cfg, ours=ours, probe_set=set_name, route_at=at))
-            probe_tables[f"{set_name}, {at}"] = D.table6(ours, probes, paper)
-        if paper is not None:  # the paper printed one route per layer: no last / majority reading
-            acc.append(accuracy_table(cfg, paper=paper, probe_set=set_name, route_at=PAPER_READING))
-    accuracy = pd.concat(acc, ignore_index=True) if acc else \
-        pd.DataFrame(columns=[PROBE_SET, ROUTE_AT_COL, C.SOURCE, C.METRIC, C.VALUE])
+    sets = dict(probes.sets if probe_sets is None else probe_sets) if probes else {}
+    accuracy, probe_tables = probes.accuracy(model, tokenizer, sets) if probes else \
+        (pd.DataFrame(columns=[PROBE_SET, ROUTE_AT_COL, C.SOURCE, C.METRIC, C.VALUE]), {})
     options = droppable(model)
     rows = validation_rows(tokenizer, n_docs, seq_len) if options else {}
     drops = drop_effects(model, rows, options, batch_size) if options else \
@@ -198,7 +163,8 @@ def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len
     return ReportData(name=name, config=cfg.to_dict(), settings=dict(n_docs=n_docs, seq_len=seq_len,
                       min_count=min_count, top=top, n_tokens={d: int(r[:, :-1].numel()) for d, r in rows.items()}),
                       corpus=result, tables=tables, labels=model.option_labels(), accuracy=accuracy,
-                      probe_tables=probe_tables, drops=drops)
+                      probe_tables=dict(probe_tables), drops=drops, probe_sets=tuple(sets),
+                      probe_note=probes.note if probes else "")
 
 
 # --- HTML of the report's own sections ------------------------------------------------------------------
@@ -243,16 +209,19 @@ def extra_sections(data: ReportData) -> list[tuple[str, str, str]]:
     if len(data.accuracy):
         wide = accuracy_wide(data.accuracy)
         pct = [c for c in wide.columns if c not in (PROBE_SET, ROUTE_AT_COL, C.SOURCE, "n_routes")]
-        body = ("<p>Accuracy = share of (prompt, layer) routes equal to the prompt's expected path (the combined "
-                "route never counts as correct); \"paper\" = the routes printed in the paper's Table 6 (its models "
-                "have 2 paths).</p>" + _accuracy_figure(data).to_html(full_html=False, include_plotlyjs=False,
-                                                                   div_id="fig-probe-accuracy")
+        body = (f"<p>{esc(data.probe_note)}</p>" + _accuracy_figure(data).to_html(
+                    full_html=False, include_plotlyjs=False, div_id="fig-probe-accuracy")
                 + html_table(_pct(wide, pct))
                 + "".join(f"<h3>{esc(k)}</h3>{html_table(v)}" for k, v in data.probe_tables.items()))
+        heading = f"Routing accuracy: {' and '.join(data.probe_sets)} probes"
     else:
+        from routescope.families import specs
+
+        having = ", ".join(s.name for s in specs() if s.probes is not None)
         body = (f"<p>Not applicable: the {esc(str(data.config.get('family')))} paper prints no expected route per "
-                "probe prompt to compare with (Table 6 routes are PaPaformer's).</p>")
-    out.append(("probes", "Routing accuracy: Table 6 and held-out probes", body))
+                f"probe prompt to compare with (families whose papers do: {esc(having)}).</p>")
+        heading = "Routing accuracy on probe prompts"
+    out.append(("probes", heading, body))
     if len(data.drops):
         n_tok = ", ".join(f"{d} {n:,}" for d, n in data.settings["n_tokens"].items())
         body = (f"<p>Validation loss per domain with the option dropped in every routing layer, the unablated loss, "

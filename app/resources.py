@@ -15,7 +15,6 @@ import streamlit as st
 import torch
 
 from routescope.analysis.attribution import PathAttribution, TokenAttribution
-from routescope.analysis.domain import probe_routes
 from routescope.analysis.effects import ablation_effects
 from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes, placement_setting
 from routescope.analysis.session import RunSettings, run_prompt
@@ -137,26 +136,6 @@ def path_attribution(path: str, mtime: float, ids: tuple[int, ...], position: in
             done.pop(next(iter(done)))
         done[key] = df
     return done[key]
-
-
-@st.cache_resource(max_entries=32, show_spinner="Routing the probe prompts…")
-def table6_routes(path: str, mtime: float, probes_name: str, probes_tsv: bytes, majority: bool,
-                  ablation: Ablation = Ablation()):
-    """(probes, our routes under `ablation`, the paper's routes or None) of a probe file's bytes.
-    Every ValueError starts with `probes_name` (the file name the user knows, not a stream or a
-    server path)."""
-    import io
-
-    from routescope.analysis.domain import paper_routes, read_probes
-    model, tok = load(path, mtime)
-    source = io.BytesIO(probes_tsv)
-    source.name = probes_name  # how read_probes names the file in its messages
-    probes = read_probes(source)
-    try:  # the ablation was checked by the run the view belongs to
-        return (probes, probe_routes(model, tok, probes, majority=majority, ablation=ablation),
-                paper_routes(probes, model.config.combiner))
-    except ValueError as e:
-        raise ValueError(f"{probes_name}: {e}") from None
 
 
 class UploadRejected(ValueError):

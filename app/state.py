@@ -22,8 +22,6 @@ ATTR_RUN = "attr_run"
 ATTR_STEPS = "attr_steps"
 ATTR_DELTAS = "attr_deltas"  # per target: {n_steps: convergence delta} measured in this session
 PROBES_UPLOAD = "probes_upload"
-TABLE6_MAJORITY = "table6_majority"
-TABLE6_SHOWN = "table6_shown"  # {(path, mtime): (probe file name, bytes, majority)} the view last showed
 
 # ablation widgets: keyed by the checkpoint they belong to (its path), so a box ticked for one model
 # is a different widget from the next model's (the browser keeps a widget's value per key);

@@ -43,8 +43,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", metavar="FILE", help=".txt (one prompt per line), or .tsv / .csv / .jsonl / .parquet "
                                                      "with a text (or prompt) column and label columns")
-    src.add_argument("--shipped", metavar="NAME", help="a shipped dataset: table6, heldout, validation, "
-                                                        "validation-story, validation-math")
+    src.add_argument("--shipped", metavar="NAME", help="a shipped dataset: a probe set that a family declares "
+                                                        "(its name in lower case; an unknown NAME lists them), "
+                                                        "validation, validation-story, validation-math")
     c.add_argument("--compare", metavar="CHECKPOINT", help="a second checkpoint, run on the same rows")
     c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and corpus.html, replaced "
                                                                 "whole (made if missing; an existing one may hold "

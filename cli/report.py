@@ -1,8 +1,8 @@
 """`routescope report`: one self-contained HTML routing report of any checkpoint: the corpus view's
 page over each domain's validation split (analysis.report: utilisation, routes by domain, token
-specialisation, co-routing, or per-call values for a family without per-token routes), Table 6 and
-held-out accuracy where the probes apply, the effect of dropping each option on each domain's
-validation loss)."""
+specialisation, co-routing, or per-call values for a family without per-token routes), routing
+accuracy on the probe prompts the family's spec declares, the effect of dropping each option on each
+domain's validation loss)."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +18,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("report", help="HTML routing report of a checkpoint (the corpus view's page, offline)",
                        description="Write one self-contained HTML page: the corpus view over each domain's "
                                    "validation split (utilisation, routes by domain, token specialisation, "
-                                   "co-routing), routing accuracy on the Table 6 and held-out probes (PaPaformer), "
+                                   "co-routing), routing accuracy on the probe prompts the family declares (those its "
+                                   "paper prints), "
                                    "and each domain's validation loss with each path, block or expert dropped.")
     r.add_argument("checkpoint")
     r.add_argument("--out", required=True, metavar="FILE.html",

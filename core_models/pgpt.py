@@ -202,6 +202,7 @@ class ShrinkGPTConfig(BaseConfig):
     reduction (the last one included: eq. 7 and §4.1; Listing 1 leaves it out), at a fixed number
     of heads (the reference code's LinearGPT)."""
     family = "lgpt"
+    halving = "linear"  # how a group's width is halved: "linear" (lgpt) or "conv" (cgpt)
     vocab_size: int = 4096
     d_model: int = 128
     n_layers: int = 4
@@ -238,6 +239,7 @@ class ShrinkGPTConfig(BaseConfig):
 @dataclass(frozen=True)
 class CGPTConfig(ShrinkGPTConfig):
     family = "cgpt"
+    halving = "conv"
 
 
 class HalveConv(nn.Module):
@@ -263,7 +265,7 @@ class ShrinkGPT(RouteScopeLM):
         # reductions[g] halves the width after group g's last block (block (g + 1) * halve_every - 1)
         group_widths = c.widths()[::c.halve_every]
         self.reductions = nn.ModuleList(
-            nn.Linear(w, w // 2) if c.family == "lgpt" else HalveConv(w) for w in group_widths)
+            nn.Linear(w, w // 2) if c.halving == "linear" else HalveConv(w) for w in group_widths)
         self.ln_f = nn.LayerNorm(c.out_dim, eps=1e-5, bias=c.ln_bias)
         self.head = nn.Linear(c.out_dim, c.vocab_size, bias=False)
         init_weights(self)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Mapping
 
+from routescope.analysis import domain
 from routescope.analysis import families as A
 from routescope.app.components import drawers as D
 from routescope.core_models import hf, llama, moep, papaformer, pgpt, wiola
@@ -41,11 +42,29 @@ class Page:
 
 
 @dataclass(frozen=True)
+class ProbeTable:
+    """Probe prompts whose expected route a family's paper prints, as data the generic code loops
+    over: the report's accuracy section, the corpus view's shipped datasets and `routescope routes`.
+    `sets`: probe set name -> TSV (the first: the paper's own); `accuracy(model, tokenizer, sets)` ->
+    (long accuracy table: probe_set, route_at, source, metric, value; per-probe tables by name);
+    `intended()`: the corpus view's intended option per label value (from the first set);
+    `note`: what the report says of the accuracy; `command(args, model, tokenizer)`: the table
+    `routescope routes` prints (its exit status)."""
+
+    sets: Mapping[str, Any]
+    accuracy: Callable[..., tuple[Any, Mapping[str, Any]]]
+    intended: Callable[[], Mapping[str, Mapping[str, int]]]
+    note: str
+    command: Callable[..., int]
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """Everything RouteScope knows of one family. `drawers`: view name (as the family's
     `analysis.views` names them) -> the callable that draws it; views not listed use the common
     drawers (`app.components.drawers.DRAWERS`, by the view's kind). `presets`: named configs of
-    this family (preset name -> config fields)."""
+    this family (preset name -> config fields). `probes`: its paper's probe prompts with expected
+    routes, where it prints them."""
 
     name: str
     config: type[BaseConfig]
@@ -56,6 +75,7 @@ class FamilySpec:
     pages: tuple[Page, ...] = ()
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     description: str = ""
+    probes: ProbeTable | None = None
 
 
 def _table6_page(model: RouteScopeLM, path: str, mtime: float, ablation: Any, described: str) -> None:
@@ -72,6 +92,16 @@ def _table6_tables(model: RouteScopeLM, path: str, mtime: float, ablation: Any) 
                                       "Table 6 summary": ("table6_summary", report["summary"])}
 
 
+def _papaformer_routes(args: Any, model: RouteScopeLM, tokenizer: Any) -> int:
+    from routescope.cli import papaformer_routes  # the command's printing, imported when it runs
+
+    return papaformer_routes.run(args, model, tokenizer)
+
+
+# the paper's Table 6 probes and our held-out ones, read at the last prompt token or by majority
+TABLE6_PROBES = ProbeTable(sets=dict(domain.PROBE_SETS), accuracy=domain.probe_accuracy,
+                           intended=domain.probe_intended, note=domain.REPORT_NOTE, command=_papaformer_routes)
+
 TOPK_DRAWERS = {"topk_routes": D.topk_choice, "topk_probs": D.topk_matrix, "topk_utilisation": D.utilisation,
                 "topk_coselection": D.coselection}
 
@@ -85,6 +115,7 @@ BUILTIN: tuple[FamilySpec, ...] = (
                                 route_reader=A.papaformer_reader),
                drawers={"gumbel_routes": D.gumbel_choice, "cosine_dominance": D.cosine_choice},
                pages=(Page("Table 6", _table6_page, tables=_table6_tables),),  # the paper's routing probes (PaPaformer Table 6)
+               probes=TABLE6_PROBES,
                description="PaPaformer: parallel paths between full layers, Share-Linear or Gumbel combiners"),
     FamilySpec("pgpt", pgpt.PGPTConfig, pgpt.PGPT, pgpt.pgpt_param_count,
                A.FamilyAnalysis(views=A.pgpt_views, export=A.pgpt_export), drawers={"pgpt_paths": D.pgpt_paths},
@@ -186,4 +217,4 @@ def presets() -> dict[str, tuple[str, Mapping[str, Any]]]:
     return {name: (s.name, fields) for s in specs() for name, fields in s.presets.items()}
 
 
-__all__ = ["FamilySpec", "Page", "names", "pages", "presets", "register", "spec", "spec_of", "specs", "unregister"]
+__all__ = ["FamilySpec", "Page", "ProbeTable", "names", "pages", "presets", "register", "spec", "spec_of", "specs", "unregister"]

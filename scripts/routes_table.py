@@ -20,14 +20,14 @@ READINGS = (("last token", False), ("majority", True))
 
 
 def papaformer_checkpoints(root: Path = ROOT) -> list[Path]:
-    """The checkpoints under `root` whose family reads Table 6 routes (its route reader says so)."""
-    from routescope.analysis.families import table6_reader
+    """The checkpoints under `root` whose family reads Table 6 routes (its spec declares the probes)."""
+    from routescope.analysis.domain import require_table6
     from routescope.core_models.checkpoint import CONFIG, WEIGHTS, read_config
     from routescope.core_models.registry import build_model, config_from_dict
 
     def table6_applies(d: Path) -> bool:
         try:
-            table6_reader(build_model(config_from_dict(read_config(d)), device="meta"))
+            require_table6(build_model(config_from_dict(read_config(d)), device="meta"))
             return True
         except ValueError:
             return False
@@ -41,13 +41,12 @@ def measure(path: Path) -> list[dict]:
     """One record per (probe set, reading, source) of a checkpoint: its route shares, accuracy and
     route count (metric -> value), as analysis.domain.table6_summary gives them."""
     from routescope.analysis import domain as D
-    from routescope.analysis.report import PROBE_SETS
     from routescope.core_models.checkpoint import load_checkpoint
 
     model, tok = load_checkpoint(path)
     cfg = model.config
     out = []
-    for set_name, source in PROBE_SETS.items():
+    for set_name, source in D.PROBE_SETS.items():
         probes = D.read_probes(source)
         for reading, majority in READINGS:
             routes = D.probe_routes(model, tok, probes, majority=majority)

@@ -46,7 +46,13 @@ OVERRIDES: dict[str, dict] = {
     "doge": {"is_moe": True},  # dense by default; the MoE variant is what this zoo is for
     "gemma4_text": {"enable_moe_block": True},
     "gemma4": {"enable_moe_block": True},
+    # its attention reads attn_config.rope_theta, which DbrxAttentionConfig does not default, and clamps by
+    # clip_qkv, which fails at its default None: both as DBRX's own config.json sets them
+    "dbrx": {"attn_config": {"kv_n_heads": 4, "rope_theta": 10000.0, "clip_qkv": 8.0}},
     "dots3_note": {"adapter_in_dim": 64, "adapter_out_dim": 64},  # its vision adapter joins the two widths
+    # its towers' adapters: their own width (must equal hidden_size) -> the text model's
+    "dots3_note_vision_encoder": {"adapter_in_dim": 64, "adapter_out_dim": 64},
+    "dots3_note_audio_encoder": {"adapter_input_size": 64, "adapter_out_dim": 64},
 }
 
 
@@ -109,7 +115,8 @@ def shrink(d: dict, vocab: int) -> dict:
                 d[k]["model_type"] = v["model_type"]
                 d[k].update(OVERRIDES.get(v["model_type"], {}))
         elif k.endswith("_config") and isinstance(v, dict):  # vision/audio towers: small too
-            d[k] = {**shrink(v, vocab), **({"model_type": v["model_type"]} if "model_type" in v else {})}
+            d[k] = {**shrink(v, vocab), **({"model_type": v["model_type"]} if "model_type" in v else {}),
+                    **OVERRIDES.get(v.get("model_type"), {})}
     for f in LAYER_FIELDS:
         if isinstance(d.get(f), int):
             d[f] = N_LAYERS

@@ -68,6 +68,23 @@ def test_the_scan_finds_what_it_forbids(tmp_path):
     assert not COMPARISON.search("if fam != cls.family:")  # a config checking its own field names no family
 
 
+# Table 6 (the PaPaformer paper's routing probes) is the PaPaformer spec's (its page, probe table and
+# routes command); only it and the PaPaformer modules it points at name it: the family module, its
+# probe routes (analysis/domain.py), its page and its `routescope routes` table, and the scripts
+# that write the shipped PaPaformer checkpoints' routes and findings tables.
+TABLE6 = re.compile(r"table[\s_-]?6", re.I)
+TABLE6_ALLOWED = {"routescope/families.py", "core_models/papaformer.py", "analysis/domain.py", "app/views/table6.py",
+                  "cli/papaformer_routes.py", "scripts/routes_table.py", "scripts/findings_table.py"}
+
+
+def test_only_the_papaformer_spec_and_its_modules_name_table_6():
+    found = [f"{f}:{n}: {line.strip()}" for f in source_files() if f not in TABLE6_ALLOWED
+             for n, line in enumerate((ROOT / f).read_text().splitlines(), start=1) if TABLE6.search(line)]
+    assert not found, "Table 6 named outside the PaPaformer spec and its modules:\n" + "\n".join(found)
+    spec = (ROOT / "routescope" / "families.py").read_text()  # the scan can fail: the spec names it
+    assert TABLE6.search(spec) and all(TABLE6.search(x) for x in ("Table 6", "table6_probes", "TABLE6_SHOWN"))
+
+
 def test_every_package_folder_is_installed_under_routescope():
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     dirs = tool["package-dir"]

@@ -46,7 +46,7 @@ def _dataset() -> D.CorpusData | None:
     source = st.radio("Dataset", [SHIPPED, UPLOAD, SERVER], horizontal=True, key=K.CORPUS_SOURCE)
     try:
         if source == SHIPPED:
-            return CR.shipped(st.selectbox("Shipped dataset", list(D.SHIPPED), key=K.CORPUS_SHIPPED))
+            return CR.shipped(st.selectbox("Shipped dataset", list(D.shipped_datasets()), key=K.CORPUS_SHIPPED))
         if source == UPLOAD:
             # no `type=`: Streamlit's own refusal names a MIME type and leaves a stale chip; the reader's names the
             # formats (corpus_data's one line), and a refused file still replaces the previous one

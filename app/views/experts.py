@@ -47,7 +47,7 @@ def _dataset() -> D.CorpusData | None:
     source = st.radio("Dataset", [SHIPPED, UPLOAD, SERVER], horizontal=True, key=K.EXPERTS_SOURCE)
     try:
         if source == SHIPPED:
-            return CR.shipped(st.selectbox("Shipped dataset", list(D.SHIPPED), key=K.EXPERTS_SHIPPED))
+            return CR.shipped(st.selectbox("Shipped dataset", list(D.shipped_datasets()), key=K.EXPERTS_SHIPPED))
         if source == UPLOAD:
             f = st.file_uploader("Dataset file", key=K.EXPERTS_UPLOAD)
             return None if f is None else CR.uploaded(f.name, f.file_id, f.getvalue())

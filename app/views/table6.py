@@ -5,16 +5,22 @@ at the left (a dropped path is never a route), which the view's header names and
 CSV carries (column `ablation`); the paper's routes beside them are the paper's, unablated."""
 from __future__ import annotations
 
+import io
+
 import streamlit as st
 
 from routescope.analysis import columns as C
-from routescope.analysis.domain import DEFAULT_PROBES, require_table6, table6, table6_summary
+from routescope.analysis.domain import (DEFAULT_PROBES, paper_routes, probe_routes, read_probes, require_table6,
+                                        table6, table6_summary)
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.runtime import Ablation
 
 from .. import resources
 from .. import state as K
 from ..components.messages import show_error
+
+MAJORITY = "table6_majority"  # widget key
+SHOWN = "table6_shown"  # {(path, mtime): (probe file name, bytes, majority)} the view last showed (for Export)
 
 
 def default_probes() -> tuple[str, bytes]:
@@ -30,11 +36,28 @@ def _applies(model: RouteScopeLM) -> bool:
         return False
 
 
+@st.cache_resource(max_entries=32, show_spinner="Routing the probe prompts…")
+def probe_table_routes(path: str, mtime: float, probes_name: str, probes_tsv: bytes, majority: bool,
+                       ablation: Ablation = Ablation()):
+    """(probes, our routes under `ablation`, the paper's routes or None) of a probe file's bytes.
+    Every ValueError starts with `probes_name` (the file name the user knows, not a stream or a
+    server path)."""
+    model, tok = resources.load(path, mtime)
+    source = io.BytesIO(probes_tsv)
+    source.name = probes_name  # how read_probes names the file in its messages
+    probes = read_probes(source)
+    try:  # the ablation was checked by the run the view belongs to
+        return (probes, probe_routes(model, tok, probes, majority=majority, ablation=ablation),
+                paper_routes(probes, model.config.combiner))
+    except ValueError as e:
+        raise ValueError(f"{probes_name}: {e}") from None
+
+
 def _report(model: RouteScopeLM, path: str, mtime: float, name: str, data: bytes, majority: bool,
             ablation: Ablation) -> dict:
     """{"report": one row per probe, "summary": route shares and accuracy (ours under `ablation`, and
     the paper's)}; both carry the ablation of our routes (column `ablation`)."""
-    probes, routes, paper = resources.table6_routes(path, mtime, name, data, majority, ablation)
+    probes, routes, paper = probe_table_routes(path, mtime, name, data, majority, ablation)
     summary = table6_summary(model.config, ours=routes, paper=paper)
     summary[C.ABLATION] = [ablation.describe() if s == "ours" else "none (the paper's routes)"
                            for s in summary[C.SOURCE]]
@@ -53,7 +76,7 @@ def default_report(model: RouteScopeLM, path: str, mtime: float, ablation: Ablat
     Table 6 view need not be opened first; the routes are cached)."""
     if not _applies(model):
         return None
-    shown = st.session_state.get(K.TABLE6_SHOWN, {}).get((path, mtime))
+    shown = st.session_state.get(SHOWN, {}).get((path, mtime))
     try:
         return _report(model, path, mtime, *(shown or (*default_probes(), False)), ablation)
     except ValueError:  # a bad uploaded file: the Table 6 view shows why; the export offers no report
@@ -71,14 +94,14 @@ def show(model: RouteScopeLM, path: str, mtime: float, ablation: Ablation = Abla
                               type=["tsv", "txt"], key=K.PROBES_UPLOAD)
     name, data = (upload.name, upload.getvalue()) if upload is not None else default_probes()
     majority = st.checkbox("Majority route over all prompt tokens (default: the last prompt token)",
-                           key=K.TABLE6_MAJORITY)
+                           key=MAJORITY)
     st.markdown(f"**{heading(ablation, described or ablation.describe())}**")
     try:
         result = _report(model, path, mtime, name, data, majority, ablation)
     except ValueError as e:  # the message starts with the file's name
         show_error(e, "Probe file ")
         return None
-    st.session_state.setdefault(K.TABLE6_SHOWN, {})[(path, mtime)] = (name, data, majority)  # for Export
+    st.session_state.setdefault(SHOWN, {})[(path, mtime)] = (name, data, majority)  # for Export
     shipped = "" if upload is not None else " (the paper's probes, shipped with RouteScope)"
     combined = c.has_combined_route
     st.caption(f"Probes: {name}{shipped}. Routes are numbered as the paper's Table 6 numbers them, from 1: "

@@ -139,9 +139,9 @@ def test_accuracy_equals_routes_matching_the_expected_path(made):
     model, tok, data, page = made
     if model.config.family != "papaformer":
         pytest.skip("Table 6 accuracy is PaPaformer's (the MoEP case: the test above)")
-    for set_name, source in R.PROBE_SETS.items():
+    for set_name, source in D.PROBE_SETS.items():
         probes = D.read_probes(source)
-        for at, majority in R.ROUTE_AT.items():
+        for at, majority in D.ROUTE_AT.items():
             routes = D.probe_routes(model, tok, probes, majority=majority)
             defined = routes[routes["route"].notna()]
             want = sum(int(r) == int(e) for r, e in zip(defined["route"], defined["expected_path"])) / len(defined)
@@ -153,8 +153,8 @@ def test_accuracy_equals_routes_matching_the_expected_path(made):
     paper = data.accuracy[(data.accuracy["source"] == "paper") & (data.accuracy["probe_set"] == "Table 6")]
     want = {"gumbel_v1": 0.4, "share_linear": 0.5}[model.config.combiner]  # the paper's own Table 6 routes
     assert math.isclose(paper[paper["metric"] == "accuracy"]["value"].item(), want, rel_tol=1e-9)  # once
-    assert set(paper["route_at"]) == {R.PAPER_READING}
-    assert html.escape(R.PAPER_READING) in page
+    assert set(paper["route_at"]) == {D.PAPER_READING}
+    assert html.escape(D.PAPER_READING) in page
     assert not (data.accuracy["probe_set"] == "held-out").sum() == 0
     assert not ((data.accuracy["probe_set"] == "held-out") & (data.accuracy["source"] == "paper")).any()
 
