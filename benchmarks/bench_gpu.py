@@ -267,5 +267,21 @@ def _importance(model: Any, tok: Any, path: Path, emit: Callable[..., None]) -> 
                                           - base).abs().max()))
 
 
+def report(jsonl: Path) -> str:
+    """The RESULTS.md table of one run's JSON lines (figures as measured, rounded for reading)."""
+    steps = {d["step"]: d for d in map(json.loads, jsonl.read_text().splitlines())}
+    rows = []
+    for step, d in steps.items():
+        for k, v in d.items():
+            if k != "step":
+                rows.append(f"| {step} | {k} | {round(v, 4) if isinstance(v, float) else v} |")
+    return "\n".join(["| step | figure | value |", "|---|---|---|", *rows])
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["--report"]:
+        print(report(Path(sys.argv[2])))
+    else:
+        main()
