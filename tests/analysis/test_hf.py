@@ -8,6 +8,7 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -356,6 +357,35 @@ def test_attribution_on_an_hf_model(saved):
     row = df[(df[C.LAYER] == layer) & (df[C.OPTION] == 2)]
     want = log_prob() - log_prob(Ablation(drop=((layer, 2),)))
     assert float(row[C.CONTRIBUTION].iloc[0]) == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_batched_exact_ablation_equals_one_forward_per_ablation(saved, scope):
+    """Exact ablation with several ablations per forward (rows of one call carry different drops)
+    gives each option's contribution as one forward per ablation does, in fewer forwards, and its
+    progress counts ablations, one report per forward."""
+    from routescope.analysis.attribution import PathAttribution
+
+    _, path = saved("olmoe")
+    model, _ = load_checkpoint(path)
+    t = len(IDS[0]) - 1
+    calls, seen = [], []
+    hook = model.register_forward_pre_hook(lambda mod, args: calls.append(args[0].shape[0]))
+    try:
+        one = PathAttribution(model).attribute(IDS[0], t, 5, scope=scope, ablations_per_forward=1)
+        n_one, calls[:] = len(calls), []
+        many = PathAttribution(model).attribute(IDS[0], t, 5, scope=scope, ablations_per_forward=3,
+                                                progress=lambda done, total: seen.append((done, total)))
+    finally:
+        hook.remove()
+    n = len(one)
+    assert n_one == n + 1 and len(calls) == 1 + -(-n // 3) and max(calls) == 3  # the full run, then batches
+    assert seen == [(min(i + 3, n), n) for i in range(0, n, 3)]
+    pd.testing.assert_frame_equal(many.drop(columns=[C.CONTRIBUTION, C.REFERENCE_LOG_PROB]),
+                                  one.drop(columns=[C.CONTRIBUTION, C.REFERENCE_LOG_PROB]))
+    scale = float(one[C.FULL_LOG_PROB].abs().max())  # float32 rounding of log-probs of this size
+    np.testing.assert_allclose(many[C.REFERENCE_LOG_PROB], one[C.REFERENCE_LOG_PROB], rtol=0, atol=1e-5 * scale)
+    assert (one[C.CONTRIBUTION].abs() > 1e-3).any()  # some expert matters: the comparison has content
 
 
 def test_the_app_draws_routes_and_the_ablation_diff_of_an_hf_model(saved, monkeypatch):
