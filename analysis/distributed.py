@@ -2,10 +2,10 @@
 
 Needs the `distributed` extra (ray[data]); ray is imported inside the functions, so the base install
 never needs it. The rows are those of the single-process export: each worker runs
-`analysis.batch_export` (same batching, same tables) and writes with `analysis.export.ExportWriter`
+`analysis.export.batch` (same batching, same tables) and writes with `analysis.export.tables.ExportWriter`
 (same schema, same provenance metadata).
 
-1. Ray Data reads the prompts: .txt / .tsv (one file; parsed by analysis.prompts, so ids are the
+1. Ray Data reads the prompts: .txt / .tsv (one file; parsed by analysis.runs.prompts, so ids are the
    single-process ids), .jsonl (one JSON object per line) or .parquet (a file or a directory of
    files) with a `prompt` column and optionally `prompt_id` (default: the 1-based row number), local
    or any fsspec URL (s3://, gs://, memory:// ...). Every prompt gets its 0-based index in file order.
@@ -47,8 +47,8 @@ from typing import Any
 
 import pandas as pd
 
-from . import batch_export as B
-from .prompts import MAX_PROMPT_FILE_BYTES, TEXT_SUFFIXES, check_unique_ids, decode_text, parse_prompts
+from routescope.analysis.export import batch as B
+from routescope.analysis.runs.prompts import MAX_PROMPT_FILE_BYTES, TEXT_SUFFIXES, check_unique_ids, decode_text, parse_prompts
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,7 @@ class PartitionExporter:
         import torch
 
         from routescope.core_models.checkpoint import load_checkpoint
-        from .prompts import TokenText
+        from routescope.analysis.runs.prompts import TokenText
 
         torch.set_num_threads(threads)
         files = ray.get(files[0])  # the checkpoint's files, put in the object store by the driver
@@ -377,7 +377,7 @@ class PartitionExporter:
 
     def _write(self, name: str, encoded: list) -> int:
         """The partition's rows to `out`/name through a temporary file (moved into place); row count."""
-        from .export import ExportWriter
+        from routescope.analysis.export.tables import ExportWriter
 
         fs, root, local = _filesystem(self.out)
         notes = B.NoteLog()
@@ -596,7 +596,7 @@ def read_dataset(out: str) -> pd.DataFrame:
     """The whole exported dataset in prompt order (partitions sorted by name), in the export schema."""
     import pyarrow.parquet as pq
 
-    from .table import conform, empty_table
+    from routescope.analysis.export.table import conform, empty_table
 
     fs, root, _ = _filesystem(out)
     names = sorted(Path(p).name for p in fs.ls(root, detail=False)

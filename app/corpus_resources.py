@@ -1,5 +1,5 @@
 """Cached resources of the Corpus view, shared by every browser session: checked datasets, the
-background corpus jobs (`analysis.corpus_run.CorpusJobs`, one thread) and their tables. Keyed by
+background corpus jobs (`analysis.corpus.run.CorpusJobs`, one thread) and their tables. Keyed by
 everything that changes them (checkpoint path, weights' mtime and the app's device; the dataset's
 digest; the settings); read-only once made."""
 from __future__ import annotations
@@ -11,14 +11,14 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from routescope.analysis import corpus as S
-from routescope.analysis import corpus_data as D
-from routescope.analysis.corpus_run import CorpusJob, CorpusJobs, CorpusResult, CorpusSettings, run_corpus
+from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus.run import CorpusJob, CorpusJobs, CorpusResult, CorpusSettings, run_corpus
 from routescope.analysis.environment import device_setting
-from routescope.analysis.prompts import TokenText
+from routescope.analysis.runs.prompts import TokenText
 from routescope.core_models.runtime import NO_ABLATION, Ablation
 
-from . import resources
+from routescope.app import resources
 
 
 @st.cache_resource(show_spinner=False)

@@ -12,9 +12,9 @@ from routescope.app import corpus_resources as CR  # noqa: E402
 from routescope.app import state as K  # noqa: E402
 from routescope import families  # noqa: E402
 from routescope.app.views import ablation, attribution, corpus, diff, experts, export, generation, routing, sidebar  # noqa: E402,E501
-from routescope.analysis.prompts import prompt_problem  # noqa: E402
-from routescope.app.components.messages import show_error  # noqa: E402
-from routescope.app.components.route_grid import CSS as STYLES  # noqa: E402
+from routescope.analysis.runs.prompts import prompt_problem  # noqa: E402
+from routescope.app.messages import show_error  # noqa: E402
+from routescope.rendering.route_grid import CSS as STYLES  # noqa: E402
 from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
 from routescope.core_models.runtime import Ablation, AblationError  # noqa: E402
 
@@ -84,7 +84,7 @@ def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None
 def usage_of(path: str, mtime: float, tok, prompt: str):
     """What "top N" specs rank by: "run", the unablated model's picks over the prompt's tokens;
     "corpus", over the dataset this session's Corpus view last ran for this checkpoint without an ablation."""
-    from routescope.analysis.usage import corpus_usage
+    from routescope.analysis.runs.usage import corpus_usage
 
     def usage(source: str):
         if source == "run":

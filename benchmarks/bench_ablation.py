@@ -4,7 +4,7 @@
   interleaved, on the shipped checkpoint (2 blocks per path; goal: <= 0.6x, a dropped path is
   never computed) and at the peers' depth (8 blocks, random weights), with FLOP counts; and the
   same models generating 64 tokens (the pgpt-1 inference case), for context.
-- an ablation re-run in the app: `analysis.session.run_prompt` (generation with routing records
+- an ablation re-run in the app: `analysis.runs.session.run_prompt` (generation with routing records
   plus every analysis table of the family) on a 64-token prompt, with max_new_tokens 0 and the
   app default 24 interleaved, on every shipped checkpoint (checkpoints/<name>, else the preset
   with random weights). The ablation drops option 1 of every routing layer ("*:1"); models with
@@ -21,7 +21,7 @@ import sys
 import torch
 
 from benchmarks import common as C
-from routescope.analysis.session import RunSettings, run_prompt
+from routescope.analysis.runs.session import RunSettings, run_prompt
 from routescope.core_models import Ablation, AblationError
 from routescope.core_models.generate import generate
 

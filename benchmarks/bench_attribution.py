@@ -24,7 +24,7 @@ def main() -> None:
     from scale_models import scale_moe
 
     import routescope as rs
-    from routescope.analysis.attribution import PathAttribution
+    from routescope.analysis.runs.attribution import PathAttribution
 
     with tempfile.TemporaryDirectory() as d:
         model, _ = rs.load(scale_moe(Path(d) / "moe128"))

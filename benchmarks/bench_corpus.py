@@ -94,8 +94,8 @@ def child(payload: dict) -> dict:
         return {"seconds": seconds}
     import torch
 
-    from routescope.analysis import corpus_data as D
-    from routescope.analysis.corpus_run import CorpusJobs, run_corpus
+    from routescope.analysis.corpus import data as D
+    from routescope.analysis.corpus.run import CorpusJobs, run_corpus
     from routescope.core_models.checkpoint import load_checkpoint
 
     torch.set_num_threads(1)

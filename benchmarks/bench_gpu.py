@@ -107,8 +107,8 @@ def main() -> None:
     import routescope as rs
     from benchmarks import common as C
     from benchmarks.bench_realsize import build
-    from routescope.analysis.session import RunSettings, run_prompt
-    from routescope.app.components.drawers import draw_run
+    from routescope.analysis.runs.session import RunSettings, run_prompt
+    from routescope.rendering.drawers import draw_run
     from routescope.core_models.generate import generate
     from routescope.core_models.runtime import Ablation, tracing
 
@@ -222,9 +222,9 @@ def _traced(model: Any, ids: torch.Tensor, tracing: Any) -> None:
 def _corpus(model: Any, batches: list[torch.Tensor]) -> None:
     import dataclasses
 
-    from routescope.analysis import corpus as S
-    from routescope.analysis.corpus_run import layout_of
-    from routescope.analysis.families import route_reader
+    from routescope.analysis.corpus import stats as S
+    from routescope.analysis.corpus.run import layout_of
+    from routescope.analysis.runs.families import route_reader
     from routescope.core_models import tracing
 
     reader, layout, stats = route_reader(model), layout_of(model, []), None
@@ -240,8 +240,8 @@ def _corpus(model: Any, batches: list[torch.Tensor]) -> None:
 
 
 def _importance(model: Any, tok: Any, path: Path, emit: Callable[..., None]) -> None:
-    from routescope.analysis import importance as I
-    from routescope.analysis.corpus_data import load_corpus
+    from routescope.analysis.reports import importance as I
+    from routescope.analysis.corpus.data import load_corpus
 
     import random
     words = tok.decode(list(range(1000, 3000))).split()

@@ -35,8 +35,8 @@ def _timed(f):
 
 
 def sweep_olmoe(args, rep: C.Report) -> dict:
-    from routescope.analysis.corpus_data import shipped
-    from routescope.analysis.importance import ImportanceSettings, importance
+    from routescope.analysis.corpus.data import shipped
+    from routescope.analysis.reports.importance import ImportanceSettings, importance
     from routescope.core_models.checkpoint import load_checkpoint
 
     tokens = 2_000 if args.quick else 10_000
@@ -76,8 +76,8 @@ def sweep_olmoe(args, rep: C.Report) -> dict:
 def sweep_wide(args, rep: C.Report) -> None:
     from transformers import AutoModelForCausalLM, OlmoeConfig
 
-    from routescope.analysis.corpus_data import shipped
-    from routescope.analysis.importance import ImportanceSettings, importance, tokens_of, _batches
+    from routescope.analysis.corpus.data import shipped
+    from routescope.analysis.reports.importance import ImportanceSettings, importance, tokens_of, _batches
     from routescope.core_models.checkpoint import load_checkpoint
     from routescope.core_models.hf import HFConfig, HFModel
 
@@ -120,7 +120,7 @@ def sweep_wide(args, rep: C.Report) -> None:
 
 
 def bf16_rounding(args, rep: C.Report, ctx: dict) -> None:
-    from routescope.analysis.importance import _batches, tokens_of
+    from routescope.analysis.reports.importance import _batches, tokens_of
     from routescope.core_models.checkpoint import load_checkpoint
 
     f32, tok = ctx["model"], ctx["tok"]

@@ -1,7 +1,7 @@
 """Goal 8: memory of the app process with every shipped checkpoint loaded.
 
 A fresh subprocess imports what the app imports (streamlit, plotly, captum through
-analysis.attribution, analysis.session), reads its RSS, loads every shipped checkpoint with
+analysis.runs.attribution, analysis.runs.session), reads its RSS, loads every shipped checkpoint with
 core_models.checkpoint.load_checkpoint (checkpoints/<name>, else the preset with random weights
 saved once to a temporary checkpoint, same size), and reads its RSS again.
 """
@@ -14,9 +14,9 @@ def child(payload: dict) -> dict:
     import plotly  # noqa: F401
     import streamlit  # noqa: F401
 
-    import routescope.analysis.attribution  # noqa: F401
-    import routescope.analysis.effects  # noqa: F401
-    import routescope.analysis.session  # noqa: F401
+    import routescope.analysis.runs.attribution  # noqa: F401
+    import routescope.analysis.runs.effects  # noqa: F401
+    import routescope.analysis.runs.session  # noqa: F401
     from routescope.core_models.checkpoint import load_checkpoint
     rss0 = C.rss_mb()
     rows, keep = [], []

@@ -3,7 +3,7 @@ logits and the exported routing values of every shipped checkpoint.
 
 Prompts: first sentences of training documents, story and math alternating (common.corpus_prompts).
 Each checkpoint is loaded in float32 and in each reduced dtype (core_models.devices: parameters
-cast, position tables kept float32) and exported with analysis.batch_export (prompt rows, batches
+cast, position tables kept float32) and exported with analysis.export.batch (prompt rows, batches
 of 8). Reported per checkpoint and dtype:
 - logits: max over prompts of max |logit - logit_32| / max |logit_32| (error relative to the scale
   of that prompt's logits), and the share of positions whose top-1 next token agrees;
@@ -29,8 +29,8 @@ KEY = ["prompt_id", "position", "layer", "site", "kind", "option"]
 
 
 def export_rows(model, tok, prompts: list[tuple[str, str]], name: str) -> pd.DataFrame:
-    from routescope.analysis import batch_export as B
-    from routescope.analysis.prompts import TokenText
+    from routescope.analysis.export import batch as B
+    from routescope.analysis.runs.prompts import TokenText
 
     job = B.ExportJob()
     if not model.routing_layers():  # llama-dense: logits only

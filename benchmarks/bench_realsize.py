@@ -133,8 +133,8 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
                     model(b)
                 out["corpus_tok_s"] = CORPUS_BATCHES * CORPUS_ROWS * TOKENS / (time.perf_counter() - t0)
         else:
-            from routescope.analysis.session import RunSettings, run_prompt
-            from routescope.app.components.drawers import draw_run
+            from routescope.analysis.runs.session import RunSettings, run_prompt
+            from routescope.rendering.drawers import draw_run
             from routescope.core_models.runtime import Ablation
 
             prompt = tok.decode(ids[0].tolist())
@@ -158,12 +158,12 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
 
 def _corpus_throughput(model: Any, vocab: int) -> float:
     """Tokens a second of RouteScope's corpus statistics over the plain side's batches: routes traced
-    and read, per-token statistics accumulated, as `analysis.corpus_run.run_corpus` does a batch."""
+    and read, per-token statistics accumulated, as `analysis.corpus.run.run_corpus` does a batch."""
     import dataclasses
 
-    from routescope.analysis import corpus as S
-    from routescope.analysis.corpus_run import layout_of
-    from routescope.analysis.families import route_reader
+    from routescope.analysis.corpus import stats as S
+    from routescope.analysis.corpus.run import layout_of
+    from routescope.analysis.runs.families import route_reader
     from routescope.core_models import tracing
 
     reader, layout, stats = route_reader(model), layout_of(model, []), None

@@ -4,7 +4,7 @@
   256 tokens, and peak RSS (ru_maxrss), each model in a fresh subprocess.
 - ATM on the trained tiny model (checkpoints/wiola-tiny, else the preset with random weights):
   a forward with atm=True traced at the ATM sites over validation documents of each domain
-  (routescope.corpora.corpus.validation_documents); analysis.routing.atm_summary gives the
+  (routescope.corpora.corpus.validation_documents); analysis.runs.routing.atm_summary gives the
   merge ratio mu and the attention-FLOP saving mu (2 - mu) per document and ATM layer, averaged
   here. The paper's 5-9% (§I contribution 3, §VIII-D, §XVI) is over the whole model (§VIII-D: 15-26%
   per active layer on L/3 of the layers), so the goal compares the whole-model saving, per-layer
@@ -44,8 +44,8 @@ def child(payload: dict) -> dict:
 def atm_rates(args) -> tuple[C.Table, float, float, str]:
     import pandas as pd
 
-    from routescope.analysis import columns as COL
-    from routescope.analysis.routing import atm_summary
+    from routescope.analysis.export import columns as COL
+    from routescope.analysis.runs.routing import atm_summary
     from routescope.core_models import tracing
     from routescope.corpora.corpus import validation_documents
     model, tok, source = C.model_for("wiola-tiny")
@@ -86,8 +86,8 @@ def atm_sweep(args) -> C.Table:
     import pandas as pd
     import torch.nn.functional as F
 
-    from routescope.analysis import columns as COL
-    from routescope.analysis.routing import atm_summary
+    from routescope.analysis.export import columns as COL
+    from routescope.analysis.runs.routing import atm_summary
     from routescope.core_models import tracing
     from routescope.corpora.corpus import validation_documents
     model, tok, source = C.model_for("wiola-tiny")
@@ -141,8 +141,8 @@ def atm_cosines(args) -> C.Table:
     import numpy as np
     import pandas as pd
 
-    from routescope.analysis import columns as COL
-    from routescope.analysis.routing import atm_merges
+    from routescope.analysis.export import columns as COL
+    from routescope.analysis.runs.routing import atm_merges
     from routescope.core_models import tracing
     from routescope.corpora.corpus import validation_documents
     model, tok, source = C.model_for("wiola-tiny")

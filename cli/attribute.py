@@ -18,14 +18,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     tok = a.add_mutually_exclusive_group()
     tok.add_argument("--token", metavar="TEXT", type=O.utf8_text, help="target token text (one token; default: the model's top-1)")
     tok.add_argument("--token-id", type=int, metavar="ID", help="target token id")
-    a.add_argument("--method", choices=O.ChoicesOf("routescope.analysis.attribution", "ALL_METHODS"), default="ig",
+    a.add_argument("--method", choices=O.ChoicesOf("routescope.analysis.runs.attribution", "ALL_METHODS"), default="ig",
                    metavar="METHOD", help="one of %(choices)s (ig: integrated gradients over input tokens; "
                                           "ablation, shapley: routing options)")
-    a.add_argument("--baseline", choices=O.ChoicesOf("routescope.analysis.attribution", "BASELINES"), default="pad",
+    a.add_argument("--baseline", choices=O.ChoicesOf("routescope.analysis.runs.attribution", "BASELINES"), default="pad",
                    metavar="BASELINE", help="ig baseline embedding, one of %(choices)s")
     a.add_argument("--n-steps", type=O.positive_int, default=64, help="ig integration steps")
     a.add_argument("--n-samples", type=O.positive_int, default=25, help="shapley permutations")
-    a.add_argument("--scope", choices=O.ChoicesOf("routescope.analysis.attribution", "SCOPES"), default="layer",
+    a.add_argument("--scope", choices=O.ChoicesOf("routescope.analysis.runs.attribution", "SCOPES"), default="layer",
                    metavar="SCOPE", help="one of %(choices)s: paths per (layer, option) or per option index "
                                          "across layers")
     a.add_argument("--seed", type=O.seed, default=0)
@@ -47,7 +47,7 @@ def _target_id(tok: Any, args: argparse.Namespace) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routescope.analysis.attribution import TOKEN_METHODS, PathAttribution, TokenAttribution
+    from routescope.analysis.runs.attribution import TOKEN_METHODS, PathAttribution, TokenAttribution
 
     model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     ids = tok.encode(args.prompt).ids[-model.context:]

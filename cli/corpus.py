@@ -5,7 +5,7 @@ and the corpus view's offline HTML page, optionally beside a second checkpoint o
                       [--drop SPEC] [--force LAYER:OPTION] [--mode NAME] --out DIR
 
 Writes into DIR (replaced whole: it may hold only an earlier run's files): `<table>.csv` and
-`<table>.parquet` for each table of `analysis.corpus` (summary, utilisation, label_shares, accuracy,
+`<table>.parquet` for each table of `analysis.corpus.stats` (summary, utilisation, label_shares, accuracy,
 specialisation, co_routing; call_values for families without per-token routes), with --compare
 `compare_<table>.*` (both side by side with their differences), `corpus.html` (the page) and
 `corpus.json` (provenance). The files are built in a hidden directory beside DIR and swapped in
@@ -14,7 +14,7 @@ as it was, a finished one leaves no stale table. DIR, the dataset, the intended 
 the dataset's own expected_path / expected_option) and the two checkpoints' routing layers are all
 checked before any model runs: a problem stops the command with one line naming it (exit 2), and
 nothing is written. The file is streamed in bounded memory: the command has no size limit (the
-app's limits are `analysis.corpus_data.APP_LIMITS`).
+app's limits are `analysis.corpus.data.APP_LIMITS`).
 
 --drop / --force / --mode run every forward under an ablation, as `routescope export` does (the same
 spec grammar); it is resolved against the first checkpoint ("top8": the 8 options each layer of the
@@ -71,7 +71,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _formats(spec: str) -> list[str]:
-    from routescope.analysis.corpus_page import FORMATS
+    from routescope.analysis.corpus.page import FORMATS
 
     out = [f.strip().lower() for f in spec.split(",") if f.strip()]
     bad = [f for f in out if f not in FORMATS]
@@ -83,12 +83,12 @@ def _formats(spec: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from routescope.analysis import corpus as S
-    from routescope.analysis import corpus_data as D
-    from routescope.analysis import corpus_page as P
-    from routescope.analysis import corpus_run as R
-    from routescope.analysis.prompts import TokenText
-    from routescope.analysis.usage import ablation_for, corpus_usage
+    from routescope.analysis.corpus import stats as S
+    from routescope.analysis.corpus import data as D
+    from routescope.analysis.corpus import page as P
+    from routescope.analysis.corpus import run as R
+    from routescope.analysis.runs.prompts import TokenText
+    from routescope.analysis.runs.usage import ablation_for, corpus_usage
     from routescope.core_models.runtime import NO_ABLATION
 
     formats = _formats(args.format)
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     tables = [r.tables(top=args.top, min_count=args.min_count, intended=intended) for r in results]
     compared = S.compare_tables(*tables) if len(tables) == 2 else None
     meta = {"a": R.provenance(results[0]), **({"b": R.provenance(results[1])} if len(results) == 2 else {})}
-    from routescope.app.components.corpus_report import page  # the drawer table (plotly only, no Streamlit)
+    from routescope.rendering.corpus_report import page  # the drawer table (plotly only, no Streamlit)
 
     html = page(results[0], tables[0], loaded[0][0].option_labels(), other=results[1] if len(results) == 2 else None,
                 compared=compared).encode("utf-8")

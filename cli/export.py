@@ -1,11 +1,11 @@
-"""`routescope export`: routing records of prompts to CSV / Parquet (analysis.columns.EXPORT_SCHEMA).
+"""`routescope export`: routing records of prompts to CSV / Parquet (analysis.export.columns.EXPORT_SCHEMA).
 
 Prompts from --prompt (repeatable) or --prompts FILE (.txt: one prompt per non-blank line,
 prompt_id = its 1-based line number; .tsv: columns prompt_id and prompt, others ignored;
-analysis.prompts). --shard i/n keeps the prompts whose 0-based index in that list satisfies
+analysis.runs.prompts). --shard i/n keeps the prompts whose 0-based index in that list satisfies
 index % n == i, so the shards 0/n .. n-1/n partition the prompts exactly. The rows are made by
-analysis.batch_export (batches of --batch-size; --max-new-tokens N > 0 continues each prompt) and
-streamed to the output file(s) (`analysis.export.ExportWriter`), which appear only when the export
+analysis.export.batch (batches of --batch-size; --max-new-tokens N > 0 continues each prompt) and
+streamed to the output file(s) (`analysis.export.tables.ExportWriter`), which appear only when the export
 finished; Parquet files record the export's provenance.
 
 --engine ray (the `distributed` extra) runs the same rows on a Ray cluster instead of this process:
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from routescope.analysis.prompts import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES, TokenText
+from routescope.analysis.runs.prompts import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES, TokenText
 
 from . import options as O
 from .common import load_with_tokenizer
@@ -31,7 +31,7 @@ ENGINES = ("embedded", "ray")
 
 def add(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("export", help="export routing records of prompts to CSV / Parquet",
-                       description="Export routing records (analysis.columns.EXPORT_SCHEMA) of every prompt.")
+                       description="Export routing records (analysis.export.columns.EXPORT_SCHEMA) of every prompt.")
     e.add_argument("checkpoint")
     src = e.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", metavar="TEXT", type=O.prompt_text,
@@ -67,8 +67,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def read_prompts(path: str | Path) -> list[tuple[str, str]]:
     """(prompt_id, prompt) pairs from a .txt (one per non-blank line, id = line number) or a .tsv
-    (columns prompt_id and prompt), read line by line within the limits of analysis.prompts."""
-    from routescope.analysis.prompts import read_prompt_file
+    (columns prompt_id and prompt), read line by line within the limits of analysis.runs.prompts."""
+    from routescope.analysis.runs.prompts import read_prompt_file
 
     return read_prompt_file(path)
 
@@ -89,8 +89,8 @@ def shard(items: Sequence[Any], i: int, n: int) -> list[Any]:
 
 
 def job_of(args: argparse.Namespace):
-    """The analysis.batch_export.ExportJob of the command line."""
-    from routescope.analysis.batch_export import ExportJob
+    """The analysis.export.batch.ExportJob of the command line."""
+    from routescope.analysis.export.batch import ExportJob
 
     return ExportJob(max_new_tokens=args.max_new_tokens, routing=args.routing, seed=args.seed, options=tuple(args.option),
                      drop=tuple(args.drop), force=tuple(args.force), modes=tuple(args.mode),
@@ -105,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
     job = job_of(args)
     from tqdm import tqdm
 
-    from routescope.analysis import batch_export as B
-    from routescope.analysis.export import ExportWriter, check_output
+    from routescope.analysis.export import batch as B
+    from routescope.analysis.export.tables import ExportWriter, check_output
 
     for out in args.out:  # before any work: a bad output must not fail a long export at its end
         check_output(out)

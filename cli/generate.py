@@ -28,8 +28,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from routescope.core_models.generate import Sampling, generate
-    from routescope.analysis.usage import ablation_for
-    from routescope.app.components.figures import format_prob  # the app's: small candidates keep their digits
+    from routescope.analysis.runs.usage import ablation_for
+    from routescope.rendering.figures import format_prob  # the app's: small candidates keep their digits
 
     model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     vocab = model.config.vocab_size

@@ -76,11 +76,11 @@ def _list(spec: str | None, what: str, as_int: bool = False):
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from routescope.analysis import corpus_data as D
-    from routescope.analysis import corpus_page as P
-    from routescope.analysis import importance as I
-    from routescope.analysis import prune as PR
-    from routescope.analysis.batch_export import weights_sha256
+    from routescope.analysis.corpus import data as D
+    from routescope.analysis.corpus import page as P
+    from routescope.analysis.reports import importance as I
+    from routescope.analysis.reports import prune as PR
+    from routescope.analysis.export.batch import weights_sha256
 
     if (args.prune is None) != (args.prune_out is None):
         raise ValueError("--prune N and --prune-out DIR go together")
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         result = I.importance(model, tok, data, settings, name=name, weights_sha256=weights_sha256(args.checkpoint),
                               cache_dir=out / ".importance-cache", progress=progress, engine=args.engine,
                               checkpoint=args.checkpoint, workers=args.workers)
-    from routescope.app.components.importance_report import page  # plotly only, no Streamlit
+    from routescope.rendering.importance_report import page  # plotly only, no Streamlit
 
     written = P.write_tables(result.tables, out)
     P.write_file(out / "importance.html", page(result.tables, result.provenance, result.notes).encode("utf-8"))
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _prompt(tok, data, context: int) -> list[int]:
     """The test prompt of the pruned checkpoint: the dataset's first row (up to 64 tokens)."""
-    from routescope.analysis.corpus_run import encode_head
+    from routescope.analysis.corpus.run import encode_head
 
     first = next(iter(data))
     return encode_head(tok, first.text, min(64, context)) or [0]

@@ -1,5 +1,5 @@
 """`routescope report`: one self-contained HTML routing report of any checkpoint: the corpus view's
-page over each domain's validation split (analysis.report: utilisation, routes by domain, token
+page over each domain's validation split (analysis.reports.report: utilisation, routes by domain, token
 specialisation, co-routing, or per-call values for a family without per-token routes), routing
 accuracy on the probe prompts the family's spec declares, the effect of dropping each option on each
 domain's validation loss)."""
@@ -55,9 +55,9 @@ def check_html_output(path: str) -> Path:
 def write_atomically(path: Path, text: str) -> bool:
     """Write `text` to a hidden temporary file beside `path` and rename it into place: a failed or
     interrupted write leaves `path` as it was, and temporaries a killed run left are deleted first
-    (analysis.export's temporaries). The file gets the mode the umask gives new files. Whether an
+    (analysis.export.tables's temporaries). The file gets the mode the umask gives new files. Whether an
     existing file was replaced."""
-    from routescope.analysis.export import new_temporary, remove_stale_temporaries
+    from routescope.analysis.export.tables import new_temporary, remove_stale_temporaries
 
     remove_stale_temporaries(path)
     tmp, lock = new_temporary(path)
@@ -75,14 +75,14 @@ def write_atomically(path: Path, text: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routescope.analysis.report import collect
-    from routescope.app.components.corpus_report import report_page  # the drawer table (plotly, no Streamlit)
+    from routescope.analysis.reports.report import collect
+    from routescope.rendering.corpus_report import report_page  # the drawer table (plotly, no Streamlit)
 
     out = check_html_output(args.out)
     model, tok = load_with_tokenizer(args.checkpoint)
     data = collect(model, tok, name=Path(args.checkpoint).resolve().name, n_docs=args.docs, seq_len=args.seq_len,
                    min_count=args.min_count, top=args.top)
-    from routescope.analysis.export import remove_stale_temporaries
+    from routescope.analysis.export.tables import remove_stale_temporaries
 
     for tmp in remove_stale_temporaries(out):
         sys.stderr.write(f"note: removed {tmp}, left by a report that was killed\n")

@@ -26,7 +26,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routescope.analysis.prompts import open_regular_file
+    from routescope.analysis.runs.prompts import open_regular_file
 
     if args.probes:  # before torch is imported: a FIFO or a device is refused at once
         open_regular_file(args.probes, "probe file").close()

@@ -28,14 +28,14 @@ _LAZY = {
     "generate": ("routescope.core_models.generate", "generate"),
     "from_name": ("routescope.core_models.registry", "from_name"),
     "build_model": ("routescope.core_models.registry", "build_model"),
-    "RunSettings": ("routescope.analysis.session", "RunSettings"),
-    "Run": ("routescope.analysis.session", "Run"),
-    "read_table": ("routescope.analysis.export", "read_table"),
-    "read_csv": ("routescope.analysis.export", "read_csv"),
-    "read_parquet": ("routescope.analysis.export", "read_parquet"),
-    "read_frame_csv": ("routescope.analysis.export", "read_frame_csv"),
-    "read_provenance": ("routescope.analysis.export", "read_provenance"),
-    "ImportanceSettings": ("routescope.analysis.importance", "ImportanceSettings"),
+    "RunSettings": ("routescope.analysis.runs.session", "RunSettings"),
+    "Run": ("routescope.analysis.runs.session", "Run"),
+    "read_table": ("routescope.analysis.export.tables", "read_table"),
+    "read_csv": ("routescope.analysis.export.tables", "read_csv"),
+    "read_parquet": ("routescope.analysis.export.tables", "read_parquet"),
+    "read_frame_csv": ("routescope.analysis.export.tables", "read_frame_csv"),
+    "read_provenance": ("routescope.analysis.export.tables", "read_provenance"),
+    "ImportanceSettings": ("routescope.analysis.reports.importance", "ImportanceSettings"),
 }
 
 __all__ = [*_LAZY, "run", "figures", "importance"]
@@ -67,7 +67,7 @@ def run(model: Any, tokenizer: Any, prompt: str, *, drop: list[str] | tuple[str,
         force: list[str] | tuple[str, ...] = (), modes: list[str] | tuple[str, ...] = (), ablation: Any = None,
         name: str = "model", **settings: Any) -> Any:
     """Generate from `prompt` and trace every routing site of prompt and continuation: a
-    `routescope.analysis.session.Run` with the generation (top candidates per step), the export
+    `routescope.analysis.runs.session.Run` with the generation (top candidates per step), the export
     table (`run.table`) and the family's views (`run.views`: name -> tidy frame + drawer).
 
     `drop` / `force`: ablation specs as on the command line ("parallel.0:1", "1", "*:0-3",
@@ -75,8 +75,8 @@ def run(model: Any, tokenizer: Any, prompt: str, *, drop: list[str] | tuple[str,
     named ablations of the model's family (`model.ablation_modes()`, e.g. "pgpt1-reference"), or a
     ready `ablation`; `settings`: `RunSettings` fields (max_new_tokens, greedy, temperature, top_k,
     top_p, seed, routing, top_n, options as {name: value} for the family's run options)."""
-    from routescope.analysis.session import RunSettings, run_prompt
-    from routescope.analysis.usage import ablation_for
+    from routescope.analysis.runs.session import RunSettings, run_prompt
+    from routescope.analysis.runs.usage import ablation_for
 
     if ablation is None:  # "top N" specs rank options by the unablated model's picks on this prompt
         ablation = ablation_for(model, drop, force, modes, run_ids=lambda: [tokenizer.encode(prompt).ids])
@@ -89,20 +89,20 @@ def run(model: Any, tokenizer: Any, prompt: str, *, drop: list[str] | tuple[str,
 
 def figures(run: Any, model: Any, *, stacked: bool = False) -> dict[str, Any]:
     """The plotly figures of every view of `run` (the app's Routing view draws the same ones, from
-    the same drawer table `routescope.app.components.drawers`, which needs no Streamlit)."""
-    from routescope.app.components.drawers import draw_run
+    the same drawer table `routescope.rendering.drawers`, which needs no Streamlit)."""
+    from routescope.rendering.drawers import draw_run
 
     return draw_run(run, model, stacked=stacked)[0]
 
 
 def importance(model: Any, tokenizer: Any, data: Any, **settings: Any) -> dict[str, Any]:
     """Which experts matter on `data` (a dataset file path, or a `corpus_data.CorpusData`): the frames
-    of `analysis.importance` by name (importance, control, control_summary, proxies, proxy_agreement,
+    of `analysis.reports.importance` by name (importance, control, control_summary, proxies, proxy_agreement,
     pruning, pruning_curve). `settings`: `ImportanceSettings` fields (layers, options, max_tokens,
     control_draws, method, float32, ...)."""
-    from routescope.analysis.corpus_data import CorpusData, load_corpus
-    from routescope.analysis.importance import ImportanceSettings
-    from routescope.analysis.importance import importance as sweep
+    from routescope.analysis.corpus.data import CorpusData, load_corpus
+    from routescope.analysis.reports.importance import ImportanceSettings
+    from routescope.analysis.reports.importance import importance as sweep
 
     for key in ("layers", "options"):
         if settings.get(key) is not None:

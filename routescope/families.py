@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Mapping
 
-from routescope.analysis import domain
-from routescope.analysis import families as A
-from routescope.app.components import drawers as D
+from routescope.analysis.runs import domain
+from routescope.analysis.runs import families as A
+from routescope.rendering import drawers as D
 from routescope.core_models import hf, llama, moep, papaformer, pgpt, wiola
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.config import BaseConfig, ConfigError, json_kind, short_repr
@@ -62,7 +62,7 @@ class ProbeTable:
 class FamilySpec:
     """Everything RouteScope knows of one family. `drawers`: view name (as the family's
     `analysis.views` names them) -> the callable that draws it; views not listed use the common
-    drawers (`app.components.drawers.DRAWERS`, by the view's kind). `presets`: named configs of
+    drawers (`rendering.drawers.DRAWERS`, by the view's kind). `presets`: named configs of
     this family (preset name -> config fields). `probes`: its paper's probe prompts with expected
     routes, where it prints them."""
 

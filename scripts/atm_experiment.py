@@ -3,7 +3,7 @@
     python scripts/atm_experiment.py CHECKPOINT [CHECKPOINT ...] [--taus 0.6,0.92] [--docs 50]
 
 For each checkpoint and tau: the mean merge ratio mu and attention-FLOP saving mu (2 - mu) over the
-first --docs validation documents of each domain (analysis.routing.atm_summary, as
+first --docs validation documents of each domain (analysis.runs.routing.atm_summary, as
 benchmarks/bench_scale.py measures them), and the validation loss (the trainer's validation text,
 nats/token) with ATM off and on at that tau. Prints a markdown table.
 """
@@ -20,9 +20,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from routescope.analysis import columns as C  # noqa: E402
-from routescope.analysis.report import validation_rows  # noqa: E402
-from routescope.analysis.routing import atm_summary  # noqa: E402
+from routescope.analysis.export import columns as C  # noqa: E402
+from routescope.analysis.reports.report import validation_rows  # noqa: E402
+from routescope.analysis.runs.routing import atm_summary  # noqa: E402
 from routescope.core_models import tracing  # noqa: E402
 from routescope.core_models.checkpoint import load_checkpoint  # noqa: E402
 from routescope.corpora.corpus import validation_documents  # noqa: E402

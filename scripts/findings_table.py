@@ -11,8 +11,8 @@ runs of unequal training tokens (over 10% apart) must give each one's count (`un
     .venv/bin/python scripts/findings_table.py --check   # exit 1 if a table is stale or a row hides a token gap
 
 Measured: validation losses on the trainer's fixed split (100 documents per domain, 256-token rows,
-nats per token), Table 6 routes at the last prompt token (analysis.domain, as the routes table), ATM
-merge ratios over the first 50 validation documents of each domain (analysis.routing.atm_summary),
+nats per token), Table 6 routes at the last prompt token (analysis.runs.domain, as the routes table), ATM
+merge ratios over the first 50 validation documents of each domain (analysis.runs.routing.atm_summary),
 the ATM leak apart (per-position losses on the first 32 validation rows per domain, split by whether
 the paper's ATM pairs a position with the token it predicts), learned gates read from their sites. One timing (pgpt with one path dropped against both paths) is a
 ratio of medians measured in one run on this machine; the tests re-measure everything else.
@@ -73,7 +73,7 @@ def _loss(model, rows: dict, **call) -> dict[str, float]:
 
 
 def measure_table6(root: Path) -> dict[str, Any]:
-    from routescope.analysis import domain as D
+    from routescope.analysis.runs import domain as D
     from routescope.core_models.checkpoint import load_checkpoint
 
     out = {}
@@ -90,7 +90,7 @@ def measure_table6(root: Path) -> dict[str, Any]:
 def measure_pgpt(root: Path, timing: bool = True) -> dict[str, Any]:
     import torch
 
-    from routescope.analysis.report import validation_rows
+    from routescope.analysis.reports.report import validation_rows
     from routescope.core_models import Ablation
     from routescope.core_models.checkpoint import load_checkpoint
 
@@ -161,9 +161,9 @@ def measure_wiola(root: Path) -> dict[str, Any]:
     import pandas as pd
     import torch
 
-    from routescope.analysis import columns as C
-    from routescope.analysis.report import validation_rows
-    from routescope.analysis.routing import atm_summary
+    from routescope.analysis.export import columns as C
+    from routescope.analysis.reports.report import validation_rows
+    from routescope.analysis.runs.routing import atm_summary
     from routescope.core_models import tracing
     from routescope.core_models.checkpoint import load_checkpoint
     from routescope.corpora.corpus import validation_documents

@@ -2,7 +2,7 @@
 the markers below: route shares and routing accuracy on the paper's Table 6 probes (ours at the
 last prompt token and by majority over the prompt's tokens, beside the paper's own routes) and on
 the held-out probes (analysis/data/heldout_probes.tsv). Every number is measured here
-(analysis.domain.probe_routes / route_summary); nothing is typed by hand.
+(analysis.runs.domain.probe_routes / route_summary); nothing is typed by hand.
 
     .venv/bin/python scripts/routes_table.py            # rewrite the block, print it
     .venv/bin/python scripts/routes_table.py --check    # exit 1 if the README's block is stale
@@ -21,7 +21,7 @@ READINGS = (("last token", False), ("majority", True))
 
 def papaformer_checkpoints(root: Path = ROOT) -> list[Path]:
     """The checkpoints under `root` whose family reads Table 6 routes (its spec declares the probes)."""
-    from routescope.analysis.domain import require_table6
+    from routescope.analysis.runs.domain import require_table6
     from routescope.core_models.checkpoint import CONFIG, WEIGHTS, read_config
     from routescope.core_models.registry import build_model, config_from_dict
 
@@ -39,8 +39,8 @@ def papaformer_checkpoints(root: Path = ROOT) -> list[Path]:
 
 def measure(path: Path) -> list[dict]:
     """One record per (probe set, reading, source) of a checkpoint: its route shares, accuracy and
-    route count (metric -> value), as analysis.domain.table6_summary gives them."""
-    from routescope.analysis import domain as D
+    route count (metric -> value), as analysis.runs.domain.table6_summary gives them."""
+    from routescope.analysis.runs import domain as D
     from routescope.core_models.checkpoint import load_checkpoint
 
     model, tok = load_checkpoint(path)

@@ -13,7 +13,7 @@ from tiny_models import TINY, tiny_model
 
 @pytest.fixture(autouse=True, scope="session")
 def _digest_cache(tmp_path_factory):
-    """The export's weight-digest cache (analysis.batch_export.cached_sha256) in a temporary file, for
+    """The export's weight-digest cache (analysis.export.batch.cached_sha256) in a temporary file, for
     this process and every command it starts: the suite leaves nothing in the user's ~/.cache."""
     os.environ["ROUTESCOPE_DIGEST_CACHE"] = str(tmp_path_factory.mktemp("digests") / "digests.json")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("core_models", "analysis", "app", "cli", "corpora")  # the repository's top-level packages
+FOLDERS = ("core_models", "analysis", "rendering", "app", "cli", "corpora")  # the repository's top-level packages
 
 # Where a family may be named in a comparison or its module imported: the family table of
 # core_models (registry), the family modules themselves (hf.py: transformers models), and analysis'
@@ -23,9 +23,9 @@ FOLDERS = ("core_models", "analysis", "app", "cli", "corpora")  # the repository
 # catalog that lists directories (catalog.py) import core_models.hf to recognise and check one.
 ALLOWED = {"core_models/registry.py", "core_models/papaformer.py", "core_models/moep.py", "core_models/pgpt.py",
            "core_models/wiola.py", "core_models/wiola_parts.py", "core_models/llama.py", "core_models/hf.py",
-           "analysis/families.py", "routescope/families.py"}
+           "analysis/runs/families.py", "routescope/families.py"}
 IMPORTS_FAMILY_BY_PURPOSE = {"core_models/importers.py", "core_models/training/compose.py",
-                             "core_models/checkpoint.py", "analysis/catalog.py"}
+                             "core_models/checkpoint.py", "analysis/runs/catalog.py"}
 FAMILY_MODULES = r"(papaformer|moep|pgpt|wiola|wiola_parts|llama|hf)"
 # a family or combiner compared with a name written out: `== "moep"`, `"moep" ==`, `in ("pgpt", ...)`
 COMPARISON = re.compile(r"""\b(family|combiner)\s*(==|!=)\s*["']|["'][\w-]*["']\s*(==|!=)\s*[\w.]*\b(family|combiner)\b|"""
@@ -70,10 +70,10 @@ def test_the_scan_finds_what_it_forbids(tmp_path):
 
 # Table 6 (the PaPaformer paper's routing probes) is the PaPaformer spec's (its page, probe table and
 # routes command); only it and the PaPaformer modules it points at name it: the family module, its
-# probe routes (analysis/domain.py), its page and its `routescope routes` table, and the scripts
+# probe routes (analysis/runs/domain.py), its page and its `routescope routes` table, and the scripts
 # that write the shipped PaPaformer checkpoints' routes and findings tables.
 TABLE6 = re.compile(r"table[\s_-]?6", re.I)
-TABLE6_ALLOWED = {"routescope/families.py", "core_models/papaformer.py", "analysis/domain.py", "app/views/table6.py",
+TABLE6_ALLOWED = {"routescope/families.py", "core_models/papaformer.py", "analysis/runs/domain.py", "app/views/table6.py",
                   "cli/papaformer_routes.py", "scripts/routes_table.py", "scripts/findings_table.py"}
 
 
@@ -106,7 +106,7 @@ def test_no_module_is_imported_under_a_second_name():
     offenders = [f for f in files if (ROOT / f).is_file() and bare.search((ROOT / f).read_text())]
     assert not offenders, offenders
     code = ("import importlib, pkgutil, sys, routescope\n"
-            "for top in ('core_models', 'analysis', 'cli', 'corpora', 'app.components'):\n"
+            "for top in ('core_models', 'analysis', 'cli', 'corpora', 'rendering'):\n"
             "    pkg = importlib.import_module('routescope.' + top)\n"
             "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
             "        if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
@@ -117,7 +117,7 @@ def test_no_module_is_imported_under_a_second_name():
 
 
 def test_a_folder_imported_by_its_own_name_is_refused():
-    """From the repository root (its folders on sys.path) `import analysis.families` would load a
+    """From the repository root (its folders on sys.path) `import analysis.runs.families` would load a
     second module with a second FAMILIES table; each folder refuses that import in one line, and
     the installed name still gives one module."""
     for folder in (*FOLDERS, "core_models.training"):
@@ -126,11 +126,11 @@ def test_a_folder_imported_by_its_own_name_is_refused():
         top = folder.split(".")[0]  # a subpackage: its parent refuses first
         assert out.returncode == 1 and f"ImportError: import routescope.{top}, not {top}:" in out.stderr, out.stderr
     code = ("import sys, importlib\n"
-            "a = importlib.import_module('routescope.analysis.families')\n"
-            "try:\n    importlib.import_module('analysis.families')\nexcept ImportError:\n    pass\n"
+            "a = importlib.import_module('routescope.analysis.runs.families')\n"
+            "try:\n    importlib.import_module('analysis.runs.families')\nexcept ImportError:\n    pass\n"
             "print(sorted(k for k in sys.modules if k.endswith('families')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.stdout.split() == ["['routescope.analysis.families']"], out.stderr[-2000:]
+    assert out.stdout.split() == ["['routescope.analysis.runs.families']"], out.stderr[-2000:]
 
 
 def test_models_load_and_run_without_the_training_code():

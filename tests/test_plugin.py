@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from routescope.analysis import families as A
+from routescope.analysis.runs import families as A
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.config import BaseConfig
 from routescope.core_models.sites import RoutingLayer, Site
@@ -83,7 +83,7 @@ def views(trace, model, **kw):
 
 
 def draw_tokens(name, view, ctx):
-    from routescope.app.components import figures as F
+    from routescope.rendering import figures as F
 
     return {name: F.bar_figure(list(view.frame["layer"]), list(view.frame["tokens"]), "Lane plugin: tokens per layer")}
 

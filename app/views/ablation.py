@@ -18,11 +18,11 @@ import re
 
 import streamlit as st
 
-from routescope.analysis.routing import option_names
+from routescope.analysis.runs.routing import option_names
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.runtime import ALL_LAYERS, SPEC_HELP, Ablation, AblationError, Usage
 
-from .. import state as K
+from routescope.app import state as K
 
 AUTO = "auto"
 ALL = "all options"  # "Keep only" not set (shown as a dash)

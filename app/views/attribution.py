@@ -6,14 +6,14 @@ import time
 import pandas as pd
 import streamlit as st
 
-from routescope.analysis import columns as C
-from routescope.analysis.attribution import STEP_CHOICES, by_size, delta_share, judge_convergence
-from routescope.analysis.session import Run, decode_tokens
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs.attribution import STEP_CHOICES, by_size, delta_share, judge_convergence
+from routescope.analysis.runs.session import Run, decode_tokens
 
-from .. import resources
-from .. import state as K
-from ..components.figures import TOKEN_WINDOW, attribution_figure, path_effects_figure, show_token
-from .export import figure_html
+from routescope.app import resources
+from routescope.app import state as K
+from routescope.rendering.figures import TOKEN_WINDOW, attribution_figure, path_effects_figure, show_token
+from routescope.app.views.export import figure_html
 
 METHODS = {"integrated gradients (input tokens)": "ig", "exact ablation (paths)": "ablation",
            "Shapley value sampling (paths)": "shapley"}

@@ -1,6 +1,6 @@
-"""Corpus view: how the checkpoint routes over a whole dataset (`analysis.corpus`), optionally
+"""Corpus view: how the checkpoint routes over a whole dataset (`analysis.corpus.stats`), optionally
 beside a second checkpoint on the same rows. Layout only: the dataset is checked by
-`analysis.corpus_data`, the statistics run as a background job (`app.corpus_resources`) while this
+`analysis.corpus.data`, the statistics run as a background job (`app.corpus_resources`) while this
 view shows a progress bar and the rest of the page stays usable, and the tables come back as views
 drawn by the drawer table, in a loop that never asks which family it is looking at.
 
@@ -16,19 +16,19 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from routescope.analysis import corpus as S
-from routescope.analysis import corpus_data as D
-from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
-from routescope.analysis.corpus_columns import column_help
-from routescope.analysis.corpus_page import SECTIONS, frame_bytes
-from routescope.analysis.corpus_run import CorpusSettings, corpus_views, layout_of, provenance
+from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import data as D
+from routescope.analysis.runs.catalog import checkpoint_roots, list_checkpoints
+from routescope.analysis.corpus.columns import column_help
+from routescope.analysis.corpus.page import SECTIONS, frame_bytes
+from routescope.analysis.corpus.run import CorpusSettings, corpus_views, layout_of, provenance
 from routescope.core_models.runtime import NO_ABLATION, Ablation
 
-from .. import corpus_resources as CR
-from .. import resources
-from .. import state as K
-from ..components.corpus_report import draw_views, page
-from ..components.messages import show_error
+from routescope.app import corpus_resources as CR
+from routescope.app import resources
+from routescope.app import state as K
+from routescope.rendering.corpus_report import draw_views, page
+from routescope.app.messages import show_error
 
 SHIPPED, UPLOAD, SERVER = "Shipped dataset", "Upload a file", "File on the server"
 NONE = "(none)"

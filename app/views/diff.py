@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from routescope.analysis import columns as C
-from routescope.analysis.effects import first_divergence, generation_diff
-from routescope.analysis.session import Run
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs.effects import first_divergence, generation_diff
+from routescope.analysis.runs.session import Run
 
-from ..components.figures import DIVIDER_LEGEND, TOKEN_WINDOW, kl_figure
-from ..components.tokens import DIFF_LEGEND, diff_html
+from routescope.rendering.figures import DIVIDER_LEGEND, TOKEN_WINDOW, kl_figure
+from routescope.rendering.tokens import DIFF_LEGEND, diff_html
 
 
 def generation_steps(effects, n_prompt: int, n_generated: int):

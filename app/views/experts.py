@@ -1,4 +1,4 @@
-"""Experts view: which experts matter on a dataset (`analysis.importance`). Layout only: the sweep
+"""Experts view: which experts matter on a dataset (`analysis.reports.importance`). Layout only: the sweep
 runs as a background job (progress with ETA, cancel) shared by every session and cached by
 (checkpoint weights' digest, dataset digest, settings); a cancelled sweep keeps its measured rows on
 disk, so starting it again resumes. The figures are the CLI page's (`components.importance_report`)."""
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import streamlit as st
 
-from routescope.analysis import corpus_data as D
-from routescope.analysis.batch_export import weights_sha256
-from routescope.analysis.corpus_page import frame_bytes
-from routescope.analysis.corpus_run import CorpusJobs
-from routescope.analysis.importance import ImportanceSettings, importance
+from routescope.analysis.corpus import data as D
+from routescope.analysis.export.batch import weights_sha256
+from routescope.analysis.corpus.page import frame_bytes
+from routescope.analysis.corpus.run import CorpusJobs
+from routescope.analysis.reports.importance import ImportanceSettings, importance
 
-from .. import corpus_resources as CR
-from .. import state as K
-from ..components.importance_report import SECTIONS, figures, flagged, page
-from ..components.messages import show_error
+from routescope.app import corpus_resources as CR
+from routescope.app import state as K
+from routescope.rendering.importance_report import SECTIONS, figures, flagged, page
+from routescope.app.messages import show_error
 
 SHIPPED, UPLOAD, SERVER = "Shipped dataset", "Upload a file", "File on the server"
 POLL_SECONDS = 0.5

@@ -15,11 +15,11 @@ from typing import Any, Callable
 import plotly.graph_objects as go
 import streamlit as st
 
-from routescope.analysis.export import frame_csv_bytes
-from routescope.analysis.plotly_bundle import figure_page
-from routescope.analysis.session import Run, candidates_table, provenance
+from routescope.analysis.export.tables import frame_csv_bytes
+from routescope.analysis.export.plotly_bundle import figure_page
+from routescope.analysis.runs.session import Run, candidates_table, provenance
 
-from ..components.figures import titled_for_export
+from routescope.rendering.figures import titled_for_export
 
 
 def _stem(run: Run) -> str:
@@ -29,7 +29,7 @@ def _stem(run: Run) -> str:
 
 def figure_html(fig: go.Figure) -> str:
     """A standalone HTML page of the figure with plotly.js inline (the 1.5 MB cartesian bundle:
-    `analysis.plotly_bundle`), so it opens offline."""
+    `analysis.export.plotly_bundle`), so it opens offline."""
     return figure_page(fig, str(fig.layout.title.text or ""))
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from routescope.analysis.session import Run, candidates_table, decode_tokens
+from routescope.analysis.runs.session import Run, candidates_table, decode_tokens
 
-from .. import state as K
-from ..components.figures import candidates_figure, format_prob, show_token
-from ..components.tokens import LEGEND, generation_html
+from routescope.app import state as K
+from routescope.rendering.figures import candidates_figure, format_prob, show_token
+from routescope.rendering.tokens import LEGEND, generation_html
 
 
 def text(run: Run, tokenizer) -> None:

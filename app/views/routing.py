@@ -1,4 +1,4 @@
-"""Routing view: the run's views (`analysis.families`: name -> tidy frame + drawer), drawn by the
+"""Routing view: the run's views (`analysis.runs.families`: name -> tidy frame + drawer), drawn by the
 drawer table (`components.drawers`) in a loop that never asks which family it is looking at;
 `drawn(run, model)` also feeds the Export view. Option labels come from the model's routing layers."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from routescope.analysis.session import Run
+from routescope.analysis.runs.session import Run
 from routescope.core_models.base import RouteScopeLM
 
-from ..components import drawers as D
-from ..components import figures as F
+from routescope.rendering import drawers as D
+from routescope.rendering import figures as F
 
 STACKED = D.STACKED
 CHARTS_LEGEND = ("Interactive charts: drag to pan along the tokens, double-click for all of them, hover for the "

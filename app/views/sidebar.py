@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from routescope.analysis.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
-from routescope.analysis.session import RunSettings
+from routescope.analysis.runs.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
+from routescope.analysis.runs.session import RunSettings
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.runtime import ROUTING_MODES
 
-from .. import resources
-from .. import state as K
-from ..components.messages import show_error
+from routescope.app import resources
+from routescope.app import state as K
+from routescope.app.messages import show_error
 
 DEFAULT_CHECKPOINT = "papaformer-gumbel-v2"
 

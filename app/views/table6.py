@@ -9,15 +9,15 @@ import io
 
 import streamlit as st
 
-from routescope.analysis import columns as C
-from routescope.analysis.domain import (DEFAULT_PROBES, paper_routes, probe_routes, read_probes, require_table6,
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs.domain import (DEFAULT_PROBES, paper_routes, probe_routes, read_probes, require_table6,
                                         table6, table6_summary)
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.runtime import Ablation
 
-from .. import resources
-from .. import state as K
-from ..components.messages import show_error
+from routescope.app import resources
+from routescope.app import state as K
+from routescope.app.messages import show_error
 
 MAJORITY = "table6_majority"  # widget key
 SHOWN = "table6_shown"  # {(path, mtime): (probe file name, bytes, majority)} the view last showed (for Export)

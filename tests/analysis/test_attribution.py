@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 import torch
 
-import routescope.analysis.attribution as A
-from routescope.analysis import columns as C
-from routescope.analysis.attribution import PathAttribution, TokenAttribution
+import routescope.analysis.runs.attribution as A
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs.attribution import PathAttribution, TokenAttribution
 from routescope.core_models import Ablation
 from tiny_models import tiny_model
 from tolerances import FORWARD_EPS, assert_close_to_scale
@@ -141,7 +141,7 @@ def test_attribution_errors():
 
 
 def test_exact_ablation_reports_progress_and_stops_on_request():
-    from routescope.analysis.attribution import Stopped
+    from routescope.analysis.runs.attribution import Stopped
 
     model = tiny_model("moep")
     seen = []

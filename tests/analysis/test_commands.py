@@ -6,9 +6,9 @@ import json
 import pandas as pd
 import pytest
 
-from routescope.analysis import columns as C
+from routescope.analysis.export import columns as C
 from routescope.cli.export import parse_shard, read_prompts, shard
-from routescope.analysis.export import read_csv, read_parquet
+from routescope.analysis.export.tables import read_csv, read_parquet
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
 PROMPTS = ["Once upon a time", "Solve this", "There was a little girl.", "Python code", "One day",

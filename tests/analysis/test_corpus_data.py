@@ -1,4 +1,4 @@
-"""Datasets of the corpus view (analysis.corpus_data): every format read to the same rows, label
+"""Datasets of the corpus view (analysis.corpus.data): every format read to the same rows, label
 columns found or named, limits enforced, a digest that follows the content, and one line naming the
 file and row for each refusal."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from routescope.analysis import corpus_data as D
+from routescope.analysis.corpus import data as D
 
 ROWS = [("r1", "Once upon a time, there was a girl.", "story", "1"),
         ("r2", 'She said, "hello, world"\nand left.', "story", "1"),

@@ -1,6 +1,6 @@
-"""Corpus statistics (analysis.corpus, analysis.corpus_run): every table recomputed from the raw
+"""Corpus statistics (analysis.corpus.stats, analysis.corpus.run): every table recomputed from the raw
 routes by plain loops over tokens, padding never counted; the model loop against each prompt run
-alone; the Table 6 reading against analysis.domain; comparisons."""
+alone; the Table 6 reading against analysis.runs.domain; comparisons."""
 from __future__ import annotations
 
 import math
@@ -12,13 +12,13 @@ import pandas as pd
 import pytest
 import torch
 
-from routescope.analysis import corpus as S
-from routescope.analysis import corpus_data as D
-from routescope.analysis import corpus_run as R
-from routescope.analysis import corpus_values as V
-from routescope.analysis import domain as DOM
-from routescope.analysis.families import route_reader
-from routescope.analysis.table import ExportMeta, RowMeta, routing_table
+from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus import run as R
+from routescope.analysis.corpus import values as V
+from routescope.analysis.runs import domain as DOM
+from routescope.analysis.runs.families import route_reader
+from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
 from routescope.core_models import tracing
 from routescope.core_models.checkpoint import load_checkpoint
 from tolerances import EPS32, FORWARD_EPS
@@ -379,7 +379,7 @@ def test_run_corpus_counts_equal_prompts_run_alone(key, checkpoint, tmp_path):
 
 def test_table6_reading_equals_domain_table6_summary():
     """On the shipped Table 6 probes, the corpus view's last-token reading over every probe and layer
-    is Table 6's accuracy and route shares (analysis.domain: each prompt's route at its last token)."""
+    is Table 6's accuracy and route shares (analysis.runs.domain: each prompt's route at its last token)."""
     from pathlib import Path
     ck = Path(__file__).resolve().parents[2] / "checkpoints" / "papaformer-gumbel-v2"
     model, tok = load_checkpoint(ck)

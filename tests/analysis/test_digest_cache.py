@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from routescope.analysis import batch_export as B
+from routescope.analysis.export import batch as B
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,9 +16,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from routescope.analysis import columns as C
-from routescope.analysis.batch_export import ExportJob
-from routescope.analysis.export import read_parquet, read_provenance
+from routescope.analysis.export import columns as C
+from routescope.analysis.export.batch import ExportJob
+from routescope.analysis.export.tables import read_parquet, read_provenance
 from procs import running, wait_gone
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[distributed]' (the distributed extra)")

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from routescope.analysis import columns as C
-from routescope.analysis import domain as D
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs import domain as D
 from routescope.core_models import from_name, tracing
 from tiny_models import tiny_model
 

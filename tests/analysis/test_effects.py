@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from routescope.analysis import columns as C
-from routescope.analysis.effects import ablation_effects, first_divergence, generation_diff
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs.effects import ablation_effects, first_divergence, generation_diff
 from routescope.core_models import Ablation
 from routescope.core_models.generate import generate
 from tiny_models import tiny_model

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import routescope.core_models.training as training
-from routescope.analysis import domain as D
+from routescope.analysis.runs import domain as D
 
 from routescope.corpora import corpus
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from hf_models import MOE_TYPES, hf_model, save_hf
-from routescope.analysis import columns as C
-from routescope.analysis.export import read_csv
+from routescope.analysis.export import columns as C
+from routescope.analysis.export.tables import read_csv
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.generate import generate
 from routescope.core_models.runtime import Ablation, tracing
@@ -121,7 +121,7 @@ def test_greedy_generation_equals_transformers_generate(saved, model_type, token
     assert gen.ids[:len(ref)] == ref  # transformers stops at its end-of-text token; ours runs on
     assert len(ref) == len(gen.ids) or ref[-1] in np.atleast_1d(m.generation_config.eos_token_id)
     if model_type in ("llama", "gpt2", "qwen2"):  # dense: no routing layers, and attribution works
-        from routescope.analysis.attribution import TokenAttribution
+        from routescope.analysis.runs.attribution import TokenAttribution
 
         assert model.routing_layers() == {}
         res = TokenAttribution(model).attribute(IDS[0], len(IDS[0]) - 1, 5, n_steps=16)
@@ -295,7 +295,7 @@ def test_a_directory_s_own_code_never_runs(tmp_path, saved):
 
 
 def test_the_catalog_lists_an_hf_directory(saved):
-    from routescope.analysis.catalog import describe
+    from routescope.analysis.runs.catalog import describe
 
     m, path = saved("olmoe")
     info = describe(path)
@@ -306,7 +306,7 @@ def test_the_catalog_lists_an_hf_directory(saved):
 # --- views, export, app -------------------------------------------------------------------------------
 
 def test_views_and_export_rows_match_the_routers_outputs(saved, tmp_path):
-    from routescope.analysis.session import RunSettings, run_prompt
+    from routescope.analysis.runs.session import RunSettings, run_prompt
     from routescope.cli.main import main
 
     m, path = saved("mixtral")
@@ -338,7 +338,7 @@ def test_attribution_on_an_hf_model(saved):
     """Token attribution (integrated gradients) is complete up to captum's delta, and dropping an
     expert (path attribution by exact ablation) changes the target's log-prob by what a direct
     forward with that expert dropped gives."""
-    from routescope.analysis.attribution import PathAttribution, TokenAttribution
+    from routescope.analysis.runs.attribution import PathAttribution, TokenAttribution
 
     _, path = saved("qwen3_moe")
     model, _ = load_checkpoint(path)
@@ -364,7 +364,7 @@ def test_batched_exact_ablation_equals_one_forward_per_ablation(saved, scope):
     """Exact ablation with several ablations per forward (rows of one call carry different drops)
     gives each option's contribution as one forward per ablation does, in fewer forwards, and its
     progress counts ablations, one report per forward."""
-    from routescope.analysis.attribution import PathAttribution
+    from routescope.analysis.runs.attribution import PathAttribution
 
     _, path = saved("olmoe")
     model, _ = load_checkpoint(path)

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from routescope.analysis import corpus_data as D
-from routescope.analysis.corpus_run import Stopped
-from routescope.analysis.importance import ImportanceSettings, importance
+from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus.run import Stopped
+from routescope.analysis.reports.importance import ImportanceSettings, importance
 from routescope.core_models.checkpoint import load_checkpoint
 from routescope.core_models.runtime import Ablation
 from tolerances import EPS32, FORWARD_EPS

@@ -1,4 +1,4 @@
-"""`routescope report` / analysis.report: the corpus view's page over the validation split for every
+"""`routescope report` / analysis.reports.report: the corpus view's page over the validation split for every
 family, embedding plotly.js (nothing fetched), with probe accuracy and dropped options; its numbers
 equal independent recomputations from the model's raw outputs."""
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from routescope.analysis import domain as D
-from routescope.analysis import report as R
-from routescope.analysis.families import route_reader
-from routescope.app.components.corpus_report import report_page
+from routescope.analysis.runs import domain as D
+from routescope.analysis.reports import report as R
+from routescope.analysis.runs.families import route_reader
+from routescope.rendering.corpus_report import report_page
 from routescope.core_models import Ablation, tracing
 from routescope.core_models.checkpoint import load_checkpoint
-from routescope.analysis.plotly_bundle import plotly_js
+from routescope.analysis.export.plotly_bundle import plotly_js
 from tolerances import EPS32, FORWARD_EPS
 
 ROUTED = ("summary", "utilisation", "label_shares", "specialisation", "co_routing", "probes", "drops")

@@ -1,10 +1,10 @@
-"""routescope.analysis.session: a run's settings and family options, and the text of multi-byte characters
+"""routescope.analysis.runs.session: a run's settings and family options, and the text of multi-byte characters
 split over byte-level tokens."""
 from __future__ import annotations
 
 import pytest
 
-from routescope.analysis.session import REPLACEMENT, RunSettings, run_prompt, token_spans
+from routescope.analysis.runs.session import REPLACEMENT, RunSettings, run_prompt, token_spans
 from tiny_models import tiny_model
 
 TEXTS = ["Hello 👋🏽 🦄 world", "שלום עולם مرحبا", "naïve café – ok", "plain ascii only"]

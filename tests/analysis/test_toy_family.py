@@ -19,10 +19,10 @@ import pytest
 import torch
 from torch import nn
 
-from routescope.analysis import columns as C
-from routescope.analysis import families
-from routescope.analysis.export import read_csv
-from routescope.analysis.session import RunSettings, run_prompt
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs import families
+from routescope.analysis.export.tables import read_csv
+from routescope.analysis.runs.session import RunSettings, run_prompt
 from conftest import VOCAB
 from routescope import families as rs_families
 from routescope.core_models import build_model
@@ -117,7 +117,7 @@ def toy_views(trace, model, **kw):
 
 
 def draw_entropy(name, view, ctx):
-    from routescope.app.components import figures as F
+    from routescope.rendering import figures as F
 
     v = view.frame[view.frame[C.BATCH] == 0]
     layers = sorted(set(v[C.LAYER]))

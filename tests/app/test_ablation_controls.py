@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis import corpus_data as D
-from routescope.analysis.corpus_page import SECTIONS
-from routescope.analysis.corpus_run import CorpusSettings, run_corpus
-from routescope.analysis.usage import run_usage
+from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus.page import SECTIONS
+from routescope.analysis.corpus.run import CorpusSettings, run_corpus
+from routescope.analysis.runs.usage import run_usage
 from routescope.app import state as K
 from routescope.core_models.checkpoint import load_checkpoint
 from routescope.core_models.runtime import Ablation

@@ -11,8 +11,8 @@ import pytest
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
-from routescope.analysis.columns import EXPORT_SCHEMA
+from routescope.analysis.runs.catalog import checkpoint_roots, list_checkpoints
+from routescope.analysis.export.columns import EXPORT_SCHEMA
 from routescope.app import state as K
 from charts import heatmap_titles
 
@@ -173,7 +173,7 @@ def test_figure_html_downloads_embed_plotly_and_do_not_rerun(monkeypatch):
     reruns the app (a rerun revokes the deferred figure downloads still on the page)."""
     from streamlit.runtime.media_file_manager import MediaFileManager
 
-    from routescope.analysis.plotly_bundle import plotly_js as get_plotlyjs
+    from routescope.analysis.export.plotly_bundle import plotly_js as get_plotlyjs
 
     deferred: dict[str, object] = {}
     original = MediaFileManager.add_deferred
@@ -342,7 +342,7 @@ def test_changed_tokens_counts_the_ablated_continuations_tokens():
     unablated continuation, recounted here from the two runs' ids with difflib's matching blocks."""
     import difflib
 
-    from routescope.analysis.session import RunSettings, run_prompt
+    from routescope.analysis.runs.session import RunSettings, run_prompt
     from routescope.core_models.checkpoint import load_checkpoint
     from routescope.core_models.runtime import Ablation
 

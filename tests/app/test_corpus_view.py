@@ -12,13 +12,13 @@ import pytest
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis import corpus as S
-from routescope.analysis import corpus_data as D
-from routescope.analysis.corpus_run import CorpusSettings, run_corpus
-from routescope.analysis.export import read_frame_csv
+from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus.run import CorpusSettings, run_corpus
+from routescope.analysis.export.tables import read_frame_csv
 from routescope.app import state as K
 from routescope.core_models.checkpoint import load_checkpoint
-from routescope.analysis.plotly_bundle import plotly_js
+from routescope.analysis.export.plotly_bundle import plotly_js
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app" / "main.py")
@@ -205,7 +205,7 @@ def test_moep_top_k_slots(tmp_path):
 
 
 def test_page_html_is_offline_and_holds_every_table(tmp_path):
-    from routescope.app.components.corpus_report import page
+    from routescope.rendering.corpus_report import page
 
     model, tok = load_checkpoint(CK / "papaformer-gumbel-v2")
     res = run_corpus(model, tok, D.shipped("table6"), name="v2", decode=lambda i: tok.decode([i]))
@@ -231,7 +231,7 @@ def test_route_grid_cells_are_the_runs_choices():
     the option the run's view selected there (white: none)."""
     import re
 
-    from routescope.app.components.figures import PALETTE
+    from routescope.rendering.figures import PALETTE
 
     at = AppTest.from_file(APP, default_timeout=180)
     at.run()

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis import corpus_data as D
-from routescope.analysis.importance import ImportanceSettings, importance
+from routescope.analysis.corpus import data as D
+from routescope.analysis.reports.importance import ImportanceSettings, importance
 from routescope.app import state as K
 from routescope.core_models.checkpoint import load_checkpoint
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis.catalog import checkpoint_roots, list_checkpoints
+from routescope.analysis.runs.catalog import checkpoint_roots, list_checkpoints
 from routescope.app import state as K
 from routescope.core_models import tracing
 from routescope.core_models.checkpoint import load_checkpoint
@@ -84,7 +84,7 @@ def test_table6_runs_under_the_ablation_and_says_so(name, drop):
 def test_table6_csv_carries_the_ablation(monkeypatch):
     from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 
-    from routescope.analysis.export import read_frame_csv
+    from routescope.analysis.export.tables import read_frame_csv
 
     files: dict[str, tuple[str, bytes]] = {}
     original = MemoryMediaFileStorage.load_and_get_id

@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from routescope.analysis.routing import option_names
-from routescope.analysis.session import RunSettings, run_prompt
-from routescope.app.components import drawers as D
-from routescope.app.components.figures import (DIVIDER, LABEL_CHARS, PALETTE, ROW_PX, TOKEN_WINDOW, ChoiceGrid,
+from routescope.analysis.runs.routing import option_names
+from routescope.analysis.runs.session import RunSettings, run_prompt
+from routescope.rendering import drawers as D
+from routescope.rendering.figures import (DIVIDER, LABEL_CHARS, PALETTE, ROW_PX, TOKEN_WINDOW, ChoiceGrid,
                                                candidates_figure, choice_heatmap, has_divider, is_token_chart,
                                                kl_figure, show_token, stacked_choice_heatmaps, titled_for_export,
                                                token_ticks)
@@ -180,7 +180,7 @@ def test_candidates_axis_fits_its_values():
 def test_kl_chart_marks_where_the_prompt_ends():
     import pandas as pd
 
-    from routescope.analysis import columns as C
+    from routescope.analysis.export import columns as C
 
     T = 9
     e = pd.DataFrame({C.BATCH: 0, C.POSITION: range(T), C.KL: np.linspace(0, 1, T), C.FLIPPED: [False] * T,
@@ -207,7 +207,7 @@ def test_offline_pages_carry_plotlys_cartesian_bundle_of_the_version_plotly_draw
 
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-    from routescope.analysis import plotly_bundle as P
+    from routescope.analysis.export import plotly_bundle as P
 
     js = P.plotly_js()
     if get_plotlyjs_version() == P.VERSION:

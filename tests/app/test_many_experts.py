@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from routescope.analysis import columns as C
-from routescope.analysis import routing as R
-from routescope.analysis.session import RunSettings, run_prompt
-from routescope.app.components import drawers as D
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs import routing as R
+from routescope.analysis.runs.session import RunSettings, run_prompt
+from routescope.rendering import drawers as D
 from routescope.core_models.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,17 +15,17 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis import columns as C
-from routescope.analysis import corpus as S
-from routescope.analysis.attribution import DELTA_SHARE, judge_convergence
-from routescope.analysis.corpus_columns import flags_first, shown_compare
+from routescope.analysis.export import columns as C
+from routescope.analysis.corpus import stats as S
+from routescope.analysis.runs.attribution import DELTA_SHARE, judge_convergence
+from routescope.analysis.corpus.columns import flags_first, shown_compare
 from routescope.app import state as K
-from routescope.app.components import corpus_figures as CF
-from routescope.app.components.figures import (DIVIDER, NEGATIVE, POSITIVE, TOKEN_WINDOW, ChoiceGrid,
+from routescope.rendering import corpus_figures as CF
+from routescope.rendering.figures import (DIVIDER, NEGATIVE, POSITIVE, TOKEN_WINDOW, ChoiceGrid,
                                                attribution_figure, axis_ticks, format_prob, kl_figure,
                                                path_effects_figure, stacked_choice_heatmaps, titled_for_export,
                                                token_label)
-from routescope.app.components.route_grid import route_grid_html
+from routescope.rendering.route_grid import route_grid_html
 from app_driver import fresh, pick, view
 
 CK = Path(__file__).resolve().parents[2] / "checkpoints"
@@ -88,7 +88,7 @@ def test_convergence_delta_is_judged_against_the_total():
 
 def test_captum_delta_is_the_sum_of_attributions_minus_the_total():
     """The judged quantity, measured independently: sum of the attributions - (f(input) - f(baseline))."""
-    from routescope.analysis.attribution import TokenAttribution
+    from routescope.analysis.runs.attribution import TokenAttribution
     from routescope.core_models.checkpoint import load_checkpoint
 
     model, tok = load_checkpoint(CK / "moep")

@@ -9,13 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from routescope.analysis import corpus as S
-from routescope.analysis import corpus_data as D
-from routescope.analysis.corpus_run import CorpusSettings, run_corpus
-from routescope.analysis.export import csv_kinds, read_frame_csv
+from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus.run import CorpusSettings, run_corpus
+from routescope.analysis.export.tables import csv_kinds, read_frame_csv
 from routescope.cli.main import main
 from routescope.core_models.checkpoint import load_checkpoint
-from routescope.analysis.plotly_bundle import plotly_js
+from routescope.analysis.export.plotly_bundle import plotly_js
 
 ROOT = Path(__file__).resolve().parents[2]
 CK = ROOT / "checkpoints"

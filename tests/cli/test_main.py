@@ -26,7 +26,7 @@ def test_every_command_module_is_a_subcommand():
 
 
 def test_choices_are_the_defining_modules_constants():
-    from routescope.analysis import attribution
+    from routescope.analysis.runs import attribution
     from routescope.core_models import importers, papaformer, runtime
 
     sub = _subparsers(build_parser())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from routescope.analysis.export import read_csv
+from routescope.analysis.export.tables import read_csv
 from procs import free_port, running, wait_for_health
 
 pytestmark = pytest.mark.e2e
@@ -206,7 +206,7 @@ def test_downloads_clicked_close_together_all_arrive(app_url, browser, tmp_path)
     which revoked the deferred figure downloads the page still offered: a click during that rerun
     got nothing (1 s on a slow machine, 0.1 s here). The figure pages carry plotly.js inline (they
     work offline) and load no script from elsewhere."""
-    from routescope.analysis.plotly_bundle import plotly_js as get_plotlyjs  # the bundle pages inline
+    from routescope.analysis.export.plotly_bundle import plotly_js as get_plotlyjs  # the bundle pages inline
 
     log = ARTIFACTS / "routescope.app.log"
     log_start = log.stat().st_size if log.exists() else 0
@@ -371,7 +371,7 @@ def _assert_ticks_readable(chart: dict, labels: list[str]) -> None:
 def test_issue23_charts_rows_ticks_and_divider(app_url, browser):
     from tokenizers import Tokenizer
 
-    from routescope.app.components.figures import TOKEN_WINDOW
+    from routescope.rendering.figures import TOKEN_WINDOW
     from routescope.core_models.checkpoint import load_checkpoint
 
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -390,7 +390,7 @@ def test_issue23_charts_rows_ticks_and_divider(app_url, browser):
     assert util["legend"][0] == "expert 0 / block 0"  # the heatmap's own option names
     # every token ticked (9 prompt + 24 generated tokens: under the window, all of them shown), the
     # prompt's ticks being its tokens as the tokenizer splits them
-    from routescope.app.components.figures import token_label
+    from routescope.rendering.figures import token_label
 
     tok = Tokenizer.from_file(str(ROOT / "checkpoints" / "tokenizer.json"))
     prompt = [tok.decode([i]) for i in tok.encode(DEFAULT_PROMPT).ids]

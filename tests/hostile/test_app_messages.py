@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis.domain import DEFAULT_PROBES
+from routescope.analysis.runs.domain import DEFAULT_PROBES
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

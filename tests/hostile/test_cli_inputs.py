@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from routescope.analysis import domain as D
+from routescope.analysis.runs import domain as D
 from routescope.cli.main import main
 from routescope.core_models import tracing
 from routescope.core_models.checkpoint import load_checkpoint
@@ -159,8 +159,8 @@ def test_prompt_files(capsys, tmp_path):
 
 
 def test_good_export_still_writes_every_prompt(capsys, tmp_path):
-    from routescope.analysis import columns as C
-    from routescope.analysis.export import read_csv
+    from routescope.analysis.export import columns as C
+    from routescope.analysis.export.tables import read_csv
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("\ufeffOnce upon a time\n\nSolve this\u2028now\n", encoding="utf-8")  # BOM, U+2028 inside

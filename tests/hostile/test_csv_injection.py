@@ -2,7 +2,7 @@
 
 Each CSV is parsed back with Python's csv module (as a spreadsheet would see it) and must have one
 record per row with the header's field count, no text cell that starts a formula (=, +, -, @, tab,
-CR), and the documented readers (`analysis.export.read_csv`, `read_frame_csv`) must give the
+CR), and the documented readers (`analysis.export.tables.read_csv`, `read_frame_csv`) must give the
 original text back. Good text is written as it is.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 from tokenizers import Tokenizer
 
-from routescope.analysis import columns as C
-from routescope.analysis.export import csv_kind, csv_kinds, frame_csv_bytes, read_csv, read_frame_csv
+from routescope.analysis.export import columns as C
+from routescope.analysis.export.tables import csv_kind, csv_kinds, frame_csv_bytes, read_csv, read_frame_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app" / "main.py")
@@ -187,7 +187,7 @@ def test_app_table6_csvs_with_a_hostile_probe_file(downloads):
 
 def test_dataframe_csv_export_is_off():
     """st.dataframe's own "Download as CSV" writes cells as they are (no neutralising), so the app
-    turns it off: every CSV it offers comes from `analysis.export`."""
+    turns it off: every CSV it offers comes from `analysis.export.tables`."""
     config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
     assert config["client"]["disableDataExport"] is True
 

@@ -28,8 +28,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from routescope.analysis import corpus_data as D
-from routescope.analysis.corpus_run import encode_head
+from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus.run import encode_head
 from routescope.cli import corpus as corpus_cli
 from routescope.cli.main import main
 from routescope.core_models.checkpoint import load_checkpoint

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from routescope.analysis import corpus_data as D
-from routescope.analysis import corpus_page as P
-from routescope.analysis import corpus_run
-from routescope.analysis.prompts import MAX_LINE_BYTES
+from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus import page as P
+from routescope.analysis.corpus import run as corpus_run
+from routescope.analysis.runs.prompts import MAX_LINE_BYTES
 from routescope.cli.main import Stopped, main
 from test_interrupts_and_limits import run_measured
 

@@ -202,7 +202,7 @@ def test_a_bfloat16_models_trace_is_its_values_widened_to_float32_on_the_cpu(key
 def test_integrated_gradients_run_in_bfloat16_close_to_float32(key):
     """The blended embedding stays in the model's dtype (a float32 blend broke every bfloat16 layer);
     the attributions are those of float32 within BF16_TOL of their scale on these models."""
-    from routescope.analysis.attribution import TokenAttribution
+    from routescope.analysis.runs.attribution import TokenAttribution
 
     ids = IDS[0]
     want = TokenAttribution(tiny_model(key)).attribute(ids, n_steps=16)
@@ -246,9 +246,9 @@ def test_bfloat16_is_within_the_stated_tolerance_of_float32(name):
     prompt whose hard route flipped."""
     import pandas as pd
 
-    from routescope.analysis import batch_export as B
-    from routescope.analysis.domain import iter_probes
-    from routescope.analysis.prompts import TokenText
+    from routescope.analysis.export import batch as B
+    from routescope.analysis.runs.domain import iter_probes
+    from routescope.analysis.runs.prompts import TokenText
 
     ref, tok = load_checkpoint(ROOT / "checkpoints" / name)
     low, _ = load_checkpoint(ROOT / "checkpoints" / name, dtype="bfloat16")

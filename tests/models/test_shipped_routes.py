@@ -61,7 +61,7 @@ def _gumbel(path: Path) -> bool:
 def test_shipped_gumbel_checkpoints_route_at_most_a_fifth_to_combined(path, majority):
     """A fixed property of the shipped weights (issue 12): on the paper's Table 6 probes at most 20%
     of the (prompt, layer) routes take the combined representation, counted from the raw routes."""
-    from routescope.analysis import domain as D
+    from routescope.analysis.runs import domain as D
     from routescope.core_models.checkpoint import load_checkpoint
 
     model, tok = load_checkpoint(path)

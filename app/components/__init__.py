@@ -1,1 +1,0 @@
-"""Functions returning plotly figures or HTML, testable without Streamlit."""
