@@ -174,8 +174,10 @@ def shot_corpus(browser, url, out):
         "div[role='combobox'], input").first.click()
     page.get_by_role("option", name="moep-swiglu", exact=True).click()
     page.get_by_text("Download the tables").first.wait_for(timeout=600_000)
+    page.get_by_text("Compared:").first.wait_for(timeout=120_000)  # the tables are drawn below the downloads
+    page.get_by_text("Co-routing across layers").first.wait_for(timeout=120_000)
     idle(page)
-    screens(page, "item7_corpus", out, most=14)
+    screens(page, "item7_corpus", out, most=20)
     page.get_by_text("Download the tables").first.click()
     with page.expect_download(timeout=120_000) as dl:
         page.get_by_role("button", name=re.compile(r"^corpus\.html")).click()
