@@ -1,6 +1,6 @@
 """Screenshots of issue 31's nine items, taken the same way from any running explorer.
 
-    python scripts/shots_issue31.py http://127.0.0.1:8501 OUT_DIR
+    python scripts/shots_issue31.py http://127.0.0.1:8501 OUT_DIR [shot_uploads,shot_corpus,...]
 
 Drives Debian's Chromium (Playwright) at 1600 x 1000 through the views each item is about, on the
 shipped moep checkpoint, and writes one PNG per view to OUT_DIR (e.g. before/after directories, one
@@ -163,6 +163,9 @@ def shot_views_offered(browser, url, out):
         view(page, "Table 6")
         page.screenshot(path=out / "item6_moep_table6.png")
     page.close()
+    page = open_app(browser, url, checkpoint="papaformer-gumbel-v2")  # a family whose page Table 6 is
+    page.screenshot(path=out / "item6_papaformer_views_offered.png")
+    page.close()
 
 
 def shot_corpus(browser, url, out):
@@ -205,6 +208,12 @@ def shot_uploads(browser, url, out):
     drop.set_input_files(files=[{"name": "weights.bin", "mimeType": "application/octet-stream",
                                  "buffer": bytes(range(256)) * 4}])
     idle(page)
+    try:  # the upload and its rerun take a moment: wait for a message that names the file, if the app gives one
+        page.wait_for_function("() => [...document.querySelectorAll('[data-testid=stAlert], [data-testid=stException]')]"
+                               ".some(a => a.innerText.includes('weights.bin'))", timeout=20_000)
+    except Exception:
+        print("  no message naming weights.bin within 20 s")
+    idle(page)
     page.screenshot(path=out / "item8_corpus_upload_bin.png")
     page.get_by_text("Upload a checkpoint").first.click()
     ckpt = ROOT / "checkpoints" / "moep"
@@ -234,16 +243,17 @@ SHOTS = [shot_attribution_ig, shot_kl, shot_paths, shot_generation, shot_routing
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: shots_issue31.py APP_URL OUT_DIR", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print("usage: shots_issue31.py APP_URL OUT_DIR [SHOT,SHOT...]", file=sys.stderr)
         return 2
     url, out = argv[0], Path(argv[1])
+    only = argv[2].split(",") if len(argv) == 3 else None
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
-            for shot in SHOTS:
+            for shot in [s for s in SHOTS if only is None or s.__name__ in only]:
                 t0 = time.perf_counter()
                 try:
                     shot(browser, url, out)
