@@ -195,13 +195,21 @@ def shot_corpus(browser, url, out):
     page.close()
 
 
+def uploader(page, label: str):
+    """The file input of the uploader labelled `label` (the sidebar's checkpoint uploader is in the page too,
+    folded away)."""
+    box = page.locator("[data-testid='stFileUploader']").filter(has_text=label).first
+    box.wait_for(timeout=60_000)
+    return box.locator("input[type=file]")
+
+
 def shot_uploads(browser, url, out):
     """Item 8: a .bin after a good .txt in the Corpus uploader; moep's files uploaded as a new checkpoint
     (no training summary) and the sidebar's parameter line."""
     page = open_app(browser, url)
     view(page, "Corpus")
     pick_radio(page, "Dataset", "Upload a file")
-    drop = page.locator("[data-testid='stFileUploaderDropzoneInput']").last
+    drop = uploader(page, "Dataset file")
     drop.set_input_files(files=[{"name": "prompts.txt", "mimeType": "text/plain",
                                  "buffer": b"Once upon a time\nTom had 3 apples.\n"}])
     idle(page)
@@ -217,7 +225,7 @@ def shot_uploads(browser, url, out):
     page.screenshot(path=out / "item8_corpus_upload_bin.png")
     page.get_by_text("Upload a checkpoint").first.click()
     ckpt = ROOT / "checkpoints" / "moep"
-    page.locator("[data-testid='stSidebar'] [data-testid='stFileUploaderDropzoneInput']").first.set_input_files(
+    uploader(page, "config.json, model.safetensors").set_input_files(
         [str(ckpt / n) for n in ("config.json", "model.safetensors", "tokenizer.json")])
     idle(page)
     page.get_by_role("button", name="Validate and open").click()
