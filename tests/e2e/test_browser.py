@@ -505,7 +505,7 @@ def test_issue23_table6_diff_keep_only_and_exports(app_url, browser, tmp_path):
     page.close()
 
 
-# --- issue 31: attribution shows the whole prompt (the exact-ablation order: tests/app/test_rough_edges_31.py) ---
+# --- issue 31: attribution shows the whole prompt; the exact-ablation table sorted by |effect| ---
 
 MATH_PROMPT = ("Tom had 3 apples. He got 5 more apples. How many apples does Tom have now? Tom has 8 apples. Then "
                "Anna gave him 2 more apples and he ate one of them. How many apples does Tom have at the end? He has")
