@@ -505,7 +505,7 @@ def test_issue23_table6_diff_keep_only_and_exports(app_url, browser, tmp_path):
     page.close()
 
 
-# --- issue 31: attribution shows the whole prompt (the exact-ablation order: tests/app/test_rough_edges_31.py) ---
+# --- issue 31: attribution shows the whole prompt; the exact-ablation table sorted by |effect| ---
 
 MATH_PROMPT = ("Tom had 3 apples. He got 5 more apples. How many apples does Tom have now? Tom has 8 apples. Then "
                "Anna gave him 2 more apples and he ate one of them. How many apples does Tom have at the end? He has")
@@ -538,3 +538,72 @@ def test_issue31_attribution_ticks_every_prompt_token(app_url, browser):
     page.screenshot(path=str(ARTIFACTS / "31_01_ig_whole_prompt.png"))
     page.close()
 
+
+
+# the rows of a st.dataframe as the page holds them: glide-data-grid paints its cells on a canvas and
+# keeps an accessible table (role=grid) of the rows in view, which is what a screen reader (and this) reads
+GRID_ROWS = """column => { const t = [...document.querySelectorAll('[data-testid=stDataFrame] table[role=grid]')]
+    .find(t => [...t.querySelectorAll('thead th')].some(h => h.textContent === column));
+  if (!t) return null;
+  return {total: +t.getAttribute('aria-rowcount') - 1, head: [...t.querySelectorAll('thead th')].map(h => h.textContent),
+          rows: [...t.querySelectorAll('tbody tr')].map(r => [+r.getAttribute('aria-rowindex') - 2,
+                                                               [...r.querySelectorAll('td')].map(c => c.textContent)])}; }"""
+
+
+def _grid_rows(page, column: str) -> list[dict]:
+    """Every row of the table that has `column`, top to bottom: the grid draws only the rows in view,
+    so the mouse wheel scrolls it a few rows at a time and the rows are collected by their index."""
+    page.wait_for_function(f"c => ({GRID_ROWS})(c)", arg=column, timeout=60_000)
+    frame = page.locator("[data-testid='stDataFrame']", has=page.locator("th", has_text=column)).first
+    frame.scroll_into_view_if_needed()
+    frame.hover()
+    seen: dict[int, list[str]] = {}
+    while True:
+        grid = page.evaluate(GRID_ROWS, column)
+        seen.update(dict(grid["rows"]))
+        if len(seen) >= grid["total"]:
+            break
+        page.mouse.wheel(0, 105)  # three rows on; the grid's table follows a moment later
+        page.wait_for_function(f"([c, last]) => Math.max(...({GRID_ROWS})(c).rows.map(r => r[0])) > last",
+                               arg=[column, max(seen)], timeout=10_000)
+    assert sorted(seen) == list(range(grid["total"])), (sorted(seen), grid["total"])  # every row, once
+    return [dict(zip(grid["head"], seen[i])) for i in range(grid["total"])]
+
+
+def _pick_radio(page, group: str, option: str) -> None:
+    """Click a st.radio option by its label: the <input role=radio> sits under Streamlit's painted
+    circle, which takes the pointer (a click on the input itself is retried until it times out)."""
+    page.locator(f"[data-testid='stRadioGroup'][aria-label='{group}']").get_by_text(option, exact=True).click()
+    _idle(page)
+
+
+def test_issue31_exact_ablation_table_sorted_by_size(app_url, browser):
+    """The exact-ablation table, read from the page: every option, each contribution the difference of
+    its two log-probs, rows by |contribution| largest first, and the chart's bars in the same order."""
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(app_url)
+    _ready(page, "updated in")
+    _pick(page, "moep")
+    page.get_by_role("radio", name="Attribution", exact=True).click()
+    _idle(page)
+    _pick_radio(page, "Method", "exact ablation (paths)")
+    page.get_by_role("button", name="Attribute").click()
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(p => "
+                           "(p.layout.title.text || '').includes('Contribution to log p (ablation)'))", timeout=120_000)
+    rows = _grid_rows(page, "option name")
+    assert len(rows) > 2  # moep: 16 experts' options
+    effect = [float(r["contribution"]) for r in rows]
+    for r, e in zip(rows, effect):  # the column is what it says: log p with the option minus without it
+        assert e == pytest.approx(float(r["full_log_prob"]) - float(r["reference_log_prob"]), rel=1e-6, abs=1e-9)
+    by_size = sorted(effect, key=abs, reverse=True)
+    assert [abs(e) for e in effect] == [abs(e) for e in by_size]
+    by_name = [e for _, e in sorted(zip(rows, effect), key=lambda p: (p[0]["layer"], int(p[0]["option"])))]
+    assert [abs(e) for e in by_name] != [abs(e) for e in by_size]  # a table in another order fails the line above
+    bars = page.evaluate("() => { const d = [...document.querySelectorAll('.js-plotly-plot')].find(p => (p.layout.title.text"
+                         " || '').includes('Contribution to log p'))._fullData[0]; return [Array.from(d.y), Array.from(d.x)]; }")
+    top_down = list(zip(*[reversed(v) for v in bars]))  # plotly draws the first category at the bottom
+    assert [n for n, _ in top_down] == [r["option name"] for r in rows][:len(top_down)]
+    assert [x for _, x in top_down] == pytest.approx(effect[:len(top_down)], rel=1e-6)
+    page.locator("[data-testid='stDataFrame']").last.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "31_03_exact_ablation_sorted.png"), full_page=True)
+    page.close()
