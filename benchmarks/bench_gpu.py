@@ -160,6 +160,7 @@ def main() -> None:
             "plain": lambda: plain(gpu_ids),
             "routescope": lambda: model(ids),
             "traced": lambda: _traced(model, ids, tracing),
+            "traced_sync_copies": lambda: _synchronous_copies(_traced, model, ids, tracing),
             "dropped": lambda: model(ids, ablation=drop),
         }, reps=10)
     emit("forward64", **{f"{k}_ms": v * 1e3 for k, v in fw.items()},
@@ -186,10 +187,13 @@ def main() -> None:
     corpus = interleaved({
         "plain": lambda: [plain(b.to(DEVICE)) for b in batches],
         "routescope": lambda: _corpus(model, batches),
+        "routescope_sync_copies": lambda: _synchronous_copies(_corpus, model, batches),
     }, reps=3, warm=1)
     n = 4 * 8 * 256
     emit("corpus", plain_tok_s=n / corpus["plain"], routescope_tok_s=n / corpus["routescope"],
-         ratio=corpus["plain"] / corpus["routescope"])
+         ratio=corpus["plain"] / corpus["routescope"],
+         sync_copies_tok_s=n / corpus["routescope_sync_copies"],
+         sync_copies_ratio=corpus["plain"] / corpus["routescope_sync_copies"])
 
     if "device_map" not in skip:
         del plain
@@ -211,6 +215,19 @@ def main() -> None:
 
     if "importance" not in skip:
         _importance(model, tok, path, emit)
+
+
+def _synchronous_copies(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` with each trace record copied to the CPU as it fires (the trace as it was before
+    its copies went asynchronous): the same work, one wait for the GPU per recorded site."""
+    from routescope.core_models import runtime
+
+    kept = runtime._record_async
+    runtime._record_async = runtime._record
+    try:
+        return fn(*args)
+    finally:
+        runtime._record_async = kept
 
 
 def _traced(model: Any, ids: torch.Tensor, tracing: Any) -> None:

@@ -427,9 +427,22 @@ class Trace:
                  edits: dict[str, SiteEdit] | None = None) -> None:
         self.wanted = None if sites is None else frozenset(sites)
         self.edits = dict(edits or {})
-        self.records: dict[str, list[torch.Tensor]] = {}
+        self._records: dict[str, list[torch.Tensor]] = {}
         self.pos_axis: dict[str, int | None] = {}
         self.shapes: dict[str, str] = {}
+        self._pending: torch.cuda.Event | None = None  # the last device-to-host copy still in flight
+
+    @property
+    def records(self) -> dict[str, list[torch.Tensor]]:
+        """Site -> its records, every copy finished (reading waits for copies still in flight)."""
+        self.settle()
+        return self._records
+
+    def settle(self) -> None:
+        """Wait for the device-to-host copies this trace started (a no-op when none is in flight)."""
+        if self._pending is not None:
+            self._pending.synchronize()
+            self._pending = None
 
     def wants(self, name: str) -> bool:
         return self.wanted is None or name in self.wanted or name in self.edits
@@ -439,19 +452,24 @@ class Trace:
         if edit is not None:
             x = edit(x)
         if self.wanted is None or name in self.wanted:
-            recs = self.records.get(name)
+            recs = self._records.get(name)
             if recs is None:
-                recs = self.records[name] = []
+                recs = self._records[name] = []
                 self.pos_axis[name] = pos_axis
                 self.shapes[name] = shape
-            recs.append(_record(x))
+            if x.is_cuda:  # copied without waiting for the GPU: the forward goes on; reads settle first
+                recs.append(_record_async(x))
+                self._pending = torch.cuda.Event()
+                self._pending.record()
+            else:
+                recs.append(_record(x))
         return x
 
     def names(self) -> list[str]:
-        return list(self.records)
+        return list(self._records)
 
     def __contains__(self, name: str) -> bool:
-        return name in self.records
+        return name in self._records
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.records:
@@ -485,6 +503,19 @@ def _record(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(device="cpu", dtype=dtype, copy=True)
 
 
+def _record_async(x: torch.Tensor) -> torch.Tensor:
+    """`_record` of a CUDA tensor without a wait: widened on the device, copied into pinned host
+    memory on the current stream (later kernels that reuse `x`'s memory run after the copy). The
+    result is not to be read before the trace settles (`Trace.settle`). A synchronous copy would make
+    the CPU wait for the GPU at every recorded site, leaving the GPU idle while the next layer's
+    kernels are launched (benchmarks/bench_gpu.py measures both)."""
+    src = x.detach()
+    if src.dtype in _REDUCED:
+        src = src.float()
+    out = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+    return out.copy_(src, non_blocking=True)
+
+
 _TRACE: ContextVar[Trace | None] = ContextVar("routescope_trace", default=None)
 
 
@@ -498,6 +529,7 @@ def tracing(sites: list[str] | tuple[str, ...] | None = None,
         yield tr
     finally:
         _TRACE.reset(token)
+        tr.settle()
 
 
 def active_trace() -> Trace | None:

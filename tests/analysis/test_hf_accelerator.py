@@ -59,8 +59,11 @@ def test_on_cuda_routes_and_logits_equal_transformers_own(saved, model_type, dty
     assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {DTYPES[dtype]}
     ids = torch.tensor(IDS, device="cuda")
     ref, routes = own_routes(plain, ids)
+    first = next(iter(routes))
     with torch.no_grad(), tracing() as tr:
         out = model(torch.tensor(IDS))  # ids on the CPU: the model moves them
+        inside = tr[f"{first}.indices"].clone()  # read before the trace closes: waits for its copies
+    assert torch.equal(inside.reshape(routes[first].shape), routes[first].cpu())
     assert torch.equal(out.logits.cpu(), ref.float().cpu())  # the same kernels on the same values
     for layer, indices in routes.items():
         assert torch.equal(tr[f"{layer}.indices"].reshape(indices.shape), indices.cpu()), layer
