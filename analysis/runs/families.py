@@ -429,8 +429,18 @@ def family_analysis(model: RouteScopeLM) -> FamilyAnalysis:
 
 def routing_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
                   options: Mapping[str, Any] = {}) -> RunViews:
-    """The views the app draws for this model's traced call (`second`: the family's second pass)."""
-    return family_analysis(model).views(trace, model, second=second, options=options)
+    """The views the app draws for this model's traced call (`second`: the family's second pass):
+    the family's own, then GENERIC_VIEWS (each left out where it finds nothing to show)."""
+    views = family_analysis(model).views(trace, model, second=second, options=options)
+    return MappingProxyType({**views, **views_of(*((name, view(trace, model), drawer)
+                                                    for name, view, drawer in GENERIC_VIEWS))})
+
+
+# Views every family gets, read from its routing layers' roles: (name, frame of (trace, model) or
+# None, drawer kind). A new one is a function in analysis.runs.routing and a row here.
+GENERIC_VIEWS: tuple[tuple[str, Callable[[Trace, RouteScopeLM], pd.DataFrame | None], str], ...] = (
+    ("router_entropy", R.router_entropy, "table"),
+)
 
 
 def route_reader(model: RouteScopeLM) -> RouteReader:

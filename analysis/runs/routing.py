@@ -261,6 +261,29 @@ def load_balance(util: pd.DataFrame, k: dict[str, int] | None = None) -> pd.Data
     return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
 
 
+ENTROPY_COLUMNS = ["layer", "options", "tokens", "token_entropy", "token_entropy_norm", "mean_entropy_norm"]
+
+
+def router_entropy(trace: Trace, model: RouteScopeLM) -> pd.DataFrame | None:
+    """Per routing layer whose router probabilities were recorded (the PROBS role; any family): how
+    sure its router is of each token, token_entropy = mean over tokens of H(p_t) in nats and
+    token_entropy_norm = that over log(n) (0 = one option, 1 = uniform); and how evenly it spreads
+    the tokens, mean_entropy_norm = H(mean_t p_t) / log(n). None when no layer recorded any."""
+    rows = []
+    for layer, m in model.routing_modules.items():
+        site = m.roles.get(PROBS)
+        if site is None or site not in trace:
+            continue
+        p = trace[site].double()
+        p = p.reshape(-1, p.shape[-1])  # (tokens, n)
+        n = p.shape[-1]
+        h = torch.special.entr(p).sum(-1)  # 0 log 0 = 0
+        norm = math.log(n) if n > 1 else float("nan")
+        rows.append((layer, n, p.shape[0], float(h.mean()), float(h.mean()) / norm,
+                     float(torch.special.entr(p.mean(0)).sum()) / norm))
+    return pd.DataFrame(rows, columns=ENTROPY_COLUMNS) if rows else None
+
+
 # --- path outputs vs the combined output (PaPaformer, MoEP) ----------------------------------
 
 def cosine_dominance(trace: Trace) -> pd.DataFrame:

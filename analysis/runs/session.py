@@ -15,7 +15,7 @@ from routescope.core_models.checkpoint import require_tokenizer
 from routescope.core_models.generate import Generation, Sampling, generate
 from routescope.core_models.runtime import Ablation, Trace
 
-from routescope.analysis.runs.families import RunViews, family_analysis
+from routescope.analysis.runs.families import RunViews, family_analysis, routing_views
 from routescope.analysis.runs.prompts import check_prompt
 from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
 
@@ -145,7 +145,7 @@ def run_prompt(model: RouteScopeLM, tokenizer: Any, prompt: str, *, settings: Ru
     meta = ExportMeta(model=model_name, rows=[RowMeta(prompt_id=prompt_id, token_ids=gen.ids, tokens=tokens,
                                                       n_prompt=len(gen.prompt_ids))],
                       ablation=ablation.describe(), seed=settings.seed)
-    views = family.views(gen.trace, model, second=second, options=options)
+    views = routing_views(gen.trace, model, second=second, options=options)
     table = routing_table(gen.trace, model, meta=meta, views=views)  # reuses the views' frames
     return Run(model_name=model_name, family=model.config.label, prompt=prompt, settings=settings,
                ablation=ablation, generation=gen, tokens=tokens, spans=token_spans(tokenizer, gen.ids), table=table,

@@ -323,7 +323,7 @@ def test_views_and_export_rows_match_the_routers_outputs(saved, tmp_path):
         got = rows.groupby(C.POSITION)[C.OPTION].apply(sorted).tolist()
         assert got == [sorted(r) for r in indices.tolist()]
     run = run_prompt(model, tok, prompt, settings=RunSettings(max_new_tokens=4))
-    assert list(run.views) == ["topk_routes", "topk_utilisation", "topk_balance", "topk_coselection"]
+    assert list(run.views) == ["topk_routes", "topk_utilisation", "topk_balance", "topk_coselection", "router_entropy"]
     u = run.views["topk_utilisation"].frame
     tr = run.generation.trace
     for layer in model.routing_layers():  # utilisation by a plain count over every token of the run

@@ -403,3 +403,30 @@ def test_the_merge_view_says_when_token_merging_is_not_causal():
         views = A.wiola_views(run(model, x), model, second=second, options=options)
         notes = views["atm_merges"].frame.attrs.get("notes", [])
         assert (A.NON_CAUSAL_ATM in notes) is said
+
+
+@pytest.mark.parametrize("key", ["moep", "gumbel_v2", "pgpt"])
+def test_router_entropy_per_layer_by_a_plain_loop(key):
+    """The generic view over each layer's PROBS role: mean token entropy (nats and over log n) and
+    the entropy of the mean distribution, against a loop over tokens; families whose routers record
+    no probabilities (pgpt's learned mixes) get no such view."""
+    model = tiny_model(key)
+    x = ids(2, 7)
+    tr = run(model, x)
+    df = R.router_entropy(tr, model)
+    with_probs = [(l, m.roles[PROBS]) for l, m in model.routing_modules.items() if m.roles.get(PROBS) in tr]
+    if not with_probs:
+        assert df is None
+        return
+    assert list(df["layer"]) == [l for l, _ in with_probs]
+    for (layer, site), row in zip(with_probs, df.itertuples()):
+        p = tr[site].double().numpy().reshape(-1, tr[site].shape[-1])
+        n = p.shape[1]
+        h = [-sum(q * math.log(q) for q in token if q > 0) for token in p]
+        mean = p.mean(0)
+        assert row.options == n and row.tokens == len(p)
+        assert row.token_entropy == pytest.approx(sum(h) / len(h), rel=1e-9)
+        assert row.token_entropy_norm == pytest.approx(sum(h) / len(h) / math.log(n), rel=1e-9)
+        assert row.mean_entropy_norm == pytest.approx(-sum(q * math.log(q) for q in mean if q > 0) / math.log(n),
+                                                      rel=1e-9)
+        assert 0 <= row.token_entropy_norm <= row.mean_entropy_norm + 1e-12 <= 1 + 1e-12  # concavity of H
