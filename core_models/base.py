@@ -152,6 +152,7 @@ class RouteScopeLM(nn.Module):
         return out
 
     row_ablations_supported: bool = False  # rows of one call may carry different ablations
+    can_resume: bool = False  # capture() / resume(): a forward restarted at a routing layer (HF models)
 
     def float32_copy(self) -> "RouteScopeLM":
         """This model when it is float32, else a float32 copy (the shared model is not touched)."""
