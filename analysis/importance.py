@@ -46,7 +46,7 @@ from .corpus_run import Stopped, encode_head
 
 METHODS = ("fast", "naive")
 COLUMNS = ["layer", "option", "label", "delta_nll", "delta_nll_low", "delta_nll_high", "kl", "flip_rate", "usage"]
-LOGIT_BUDGET = 2**25  # float32 logits held at once when many ablations share a forward (128 MiB)
+CHUNK_LOGITS = 2**18  # float32 logits reduced at once (1 MiB: stays in a CPU core's cache)
 
 
 @dataclass(frozen=True)
@@ -207,34 +207,78 @@ class Sums:
 
 
 class _Positions:
-    """The unablated next-token distributions of one batch at every position but the last. An
-    ablated run's effects need, per position, only logsumexp, the target's logit, argmax and the dot
-    product with the unablated probabilities (KL = sum p0 log p0 - p0 . z + logsumexp z): no
-    vocabulary-sized log-probabilities are made (on a small model the vocabulary side costs as much
-    as the layers). Padding positions are computed (rows are sorted by length) and masked out of the
-    per-row sums."""
+    """The unablated next-token distributions of one batch at its predicted positions (each row's
+    positions but its last; padding never enters). An ablated run's effects need, per position, only
+    logsumexp, the target's logit, argmax and the dot product with the unablated probabilities
+    (KL = sum p0 log p0 - p0 . z + logsumexp z), so its logits are taken a chunk of positions at a
+    time (`CHUNK_LOGITS` values) and reduced while the chunk is in the CPU's cache: no
+    vocabulary-sized tensor of the whole batch is made or read twice. From final hidden states
+    (`effects_of_hidden`) the chunk's logits come from the output embedding itself and, where it is a
+    linear map, p0 . z = h . (p0 W) + p0 . b with p0 W computed once per batch: the vocabulary is read
+    twice per position (logsumexp and argmax) instead of three times."""
 
-    def __init__(self, logits: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor) -> None:
-        T = x.shape[1]
-        self.valid = (torch.arange(T - 1)[None, :] < (lengths[:, None] - 1)).to(logits.device)  # [R, T-1]
-        self.target = x[:, 1:].to(logits.device)[..., None]
-        lp = torch.log_softmax(logits[:, :-1].float(), -1)
+    def __init__(self, logits: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor,
+                 head: torch.nn.Module | None = None) -> None:
+        R, T = x.shape
+        dev = logits.device
+        valid = torch.arange(T)[None, :] < (lengths[:, None] - 1)  # [R, T]: a next token follows
+        self.flat = valid.reshape(-1).nonzero()[:, 0].to(dev)  # predicted positions in [R * T]
+        self.row = (self.flat // T).cpu()
+        self.rows, self.T = R, T
+        self.target = x.reshape(-1).to(dev)[self.flat + 1]
+        lp = torch.log_softmax(logits.reshape(R * T, -1).index_select(0, self.flat).float(), -1)  # [N, V]
         self.p = lp.exp()
         self.neg_entropy = (self.p * lp).sum(-1)
-        self.nll = -lp.gather(-1, self.target)[..., 0]
+        self.nll = -lp.gather(-1, self.target[:, None])[:, 0]
         self.top = lp.argmax(-1)
+        self.chunk = max(1, CHUNK_LOGITS // lp.shape[-1])
+        self.head = head
+        self.linear = isinstance(head, torch.nn.Linear)
+        if self.linear:
+            w = head.weight.float()
+            self.p_w = self.p @ w  # [N, hidden]
+            self.p_b = self.p @ head.bias.float() if head.bias is not None else None
 
     def per_row(self, v: torch.Tensor) -> np.ndarray:
-        return (v.double() * self.valid).sum(1).cpu().numpy()
+        out = torch.zeros(self.rows, dtype=torch.float64)
+        return out.index_add_(0, self.row, v.double().cpu()).numpy()
+
+    def _reduce(self, chunk: Callable[[slice], tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[np.ndarray, ...]:
+        """`chunk(part)`: (logits [c, V] float32, the caller's own copy: reduced in place; p0 . z or None)."""
+        n = len(self.flat)
+        d_nll, kl, flips = (torch.empty(n, device=self.p.device) for _ in range(3))
+        for s in range(0, n, self.chunk):
+            part = slice(s, s + self.chunk)
+            z, cross = chunk(part)
+            if cross is None:
+                cross = torch.matmul(z[:, None, :], self.p[part, :, None])[:, 0, 0]  # a batched dot: no temporary
+            target = z.gather(-1, self.target[part, None])[:, 0]
+            top, argtop = z.max(-1)
+            lse = top + z.sub_(top[:, None]).exp_().sum(-1).log()
+            d_nll[part] = lse - target - self.nll[part]
+            kl[part] = self.neg_entropy[part] - cross + lse
+            flips[part] = (argtop != self.top[part]).float()
+        return self.per_row(d_nll), self.per_row(kl), self.per_row(flips)
 
     def effects(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-row sums of (delta NLL, KL(unablated || ablated), top-1 flips) of ablated logits [R, T, V]."""
-        z = logits[:, :-1].float()
-        lse = torch.logsumexp(z, -1)
-        nll = lse - z.gather(-1, self.target)[..., 0]
-        cross = torch.matmul(self.p[..., None, :], z[..., None])[..., 0, 0]  # a batched dot: no [.., V] temporary
-        kl = self.neg_entropy - cross + lse
-        return self.per_row(nll - self.nll), self.per_row(kl), self.per_row((z.argmax(-1) != self.top).float())
+        flat = logits.reshape(self.rows * self.T, -1)
+        return self._reduce(lambda part: (flat.index_select(0, self.flat[part]).float(), None))
+
+    def effects_of_hidden(self, hidden: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The same from an ablated run's final hidden states [R, T, hidden] (the output embedding's
+        input): its logits are made a chunk at a time by the output embedding."""
+        flat = hidden.reshape(self.rows * self.T, -1)
+
+        def chunk(part: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+            h = flat.index_select(0, self.flat[part])
+            z = self.head(h).float()
+            if not self.linear:
+                return z, None
+            cross = (h.float() * self.p_w[part]).sum(-1)
+            return z, cross + self.p_b[part] if self.p_b is not None else cross
+
+        return self._reduce(chunk)
 
 
 def per_forward_default(device: torch.device) -> int:
@@ -255,7 +299,7 @@ def _measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations
                    on_prefix: Callable[[Any, Any], None] | None = None) -> tuple[np.ndarray, list]:
     """(unablated NLL per row, [(d_nll, kl, flips) per row for each ablation]) of one batch."""
     x = x.to(model.device)
-    R, T = x.shape
+    R = x.shape[0]
     prefix = model.capture(x) if getattr(model, "can_resume", False) else None
     if prefix is not None:
         base = prefix.logits
@@ -265,11 +309,11 @@ def _measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations
         prefix = tr
     if on_prefix is not None:
         on_prefix(prefix, lengths)
-    pos = _Positions(base, x, lengths)
+    resume = fast and getattr(model, "can_resume", False)
+    pos = _Positions(base, x, lengths, head=model.output_embedding if resume else None)
     out: list = [None] * len(ablations)
-    if fast and getattr(model, "can_resume", False):
-        per = max(1, min(settings.ablations_per_forward or per_forward_default(x.device),
-                         LOGIT_BUDGET // max(1, R * T * base.shape[-1])))
+    if resume:
+        per = settings.ablations_per_forward or per_forward_default(x.device)
         groups: dict[str, list[int]] = {}
         for j, ab in enumerate(ablations):
             groups.setdefault(_first_layer(model, ab), []).append(j)
@@ -278,9 +322,9 @@ def _measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations
                 if stop is not None and stop():
                     raise Stopped()
                 part = js[s:s + per]
-                logits = model.resume(prefix, layer, [ablations[j] for j in part for _ in range(R)])
+                hidden = model.resume(prefix, layer, [ablations[j] for j in part for _ in range(R)], head=False)
                 for i, j in enumerate(part):
-                    out[j] = pos.effects(logits[i * R:(i + 1) * R])
+                    out[j] = pos.effects_of_hidden(hidden[i * R:(i + 1) * R])
     else:
         for j, ab in enumerate(ablations):
             if stop is not None and stop():
