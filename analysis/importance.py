@@ -208,16 +208,16 @@ class Sums:
 
 class _Positions:
     """The unablated next-token distributions of one batch at its predicted positions (each row's
-    positions but its last; padding never enters). An ablated run's effects need, per position, only
-    the largest logit and its index, log sum exp(z - max), the target's logit and the dot product with
-    the unablated probabilities, KL = sum p0 log p0 - p0 . (z - max) + log sum exp(z - max): terms taken
-    at the scale of z - max (a few nats), not of the logits themselves, and combined in float64. The
-    logits are taken a chunk of positions at a time (`CHUNK_LOGITS` values) and reduced in place
-    while the chunk is in the CPU's cache: no vocabulary-sized tensor of the whole batch is made. From
-    final hidden states (`effects_of_hidden`) each chunk's logits come from the output embedding
-    itself, at the predicted positions only. (p0 . z taken as h . (p0 W) would skip a pass over the
-    chunk, but it mixes exact and float32-rounded logits: on olmoe-tiny KL then moved by ~3e-5 nats per
-    position from KL of float64 logits, against ~2e-6 taken from the chunk; so it is not done.)"""
+    positions but its last; padding never enters), and the effects of an ablated run against them.
+    An ablated run's logits are taken a chunk of positions at a time (`CHUNK_LOGITS` values) and
+    reduced while the chunk is in the CPU's cache, with one log_softmax per chunk: delta NLL from the
+    target's log-probability, KL(p0 || q) = p0 . log p0 - p0 . log q, a flip where the unablated top-1
+    token's logit is below the chunk's largest (an exact tie keeps it). No vocabulary-sized tensor of
+    the whole batch is made. From final hidden states (`effects_of_hidden`) each chunk's logits come
+    from the output embedding itself, at the predicted positions only. The unablated terms are taken
+    the same way, so an ablation that changes no logit gives exactly 0. (p0 . z taken as h . (p0 W)
+    would save a pass over the chunk, but it mixes exact and float32-rounded logits: on olmoe-tiny KL
+    then moved by ~3e-5 nats per position from KL of float64 logits, against ~1e-7 from the chunk.)"""
 
     def __init__(self, logits: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor,
                  head: torch.nn.Module | None = None) -> None:
@@ -228,34 +228,34 @@ class _Positions:
         self.row = (self.flat // T).cpu()
         self.rows, self.T = R, T
         self.target = x.reshape(-1).to(dev)[self.flat + 1]
-        lp = torch.log_softmax(logits.reshape(R * T, -1).index_select(0, self.flat).float(), -1)  # [N, V]
+        z = logits.reshape(R * T, -1).index_select(0, self.flat).float()  # [N, V]
+        lp = torch.log_softmax(z, -1)
         self.p = lp.exp()
-        self.neg_entropy = (self.p * lp).sum(-1, dtype=torch.float64)
-        self.nll = -lp.gather(-1, self.target[:, None])[:, 0].double()
-        self.top = lp.argmax(-1)
-        self.chunk = max(1, CHUNK_LOGITS // lp.shape[-1])
+        self.p_log_p = (lp * self.p).sum(-1)
+        self.log_p = lp.gather(-1, self.target[:, None])[:, 0]
+        self.top = z.argmax(-1)
+        self.chunk = max(1, CHUNK_LOGITS // z.shape[-1])
         self.head = head
+
+    @property
+    def nll(self) -> torch.Tensor:
+        return -self.log_p
 
     def per_row(self, v: torch.Tensor) -> np.ndarray:
         out = torch.zeros(self.rows, dtype=torch.float64)
         return out.index_add_(0, self.row, v.double().cpu()).numpy()
 
     def _reduce(self, chunk: Callable[[slice], torch.Tensor]) -> tuple[np.ndarray, ...]:
-        """`chunk(part)`: logits [c, V] float32 of those positions, the caller's own copy (reduced in place)."""
+        """`chunk(part)`: the ablated logits [c, V] (float32) of those positions."""
         n = len(self.flat)
-        d_nll, kl, flips = (torch.empty(n, dtype=torch.float64, device=self.p.device) for _ in range(3))
+        d_nll, kl, flips = (torch.empty(n, device=self.p.device) for _ in range(3))
         for s in range(0, n, self.chunk):
             part = slice(s, s + self.chunk)
             z = chunk(part)
-            target = z.gather(-1, self.target[part, None])[:, 0].double()
-            top, argtop = z.max(-1)
-            z.sub_(top[:, None])
-            top = top.double()
-            shifted = torch.matmul(z[:, None, :], self.p[part, :, None])[:, 0, 0].double()  # p0 . (z - max)
-            lse = z.exp_().sum(-1).log().double()  # log sum exp(z - max)
-            d_nll[part] = (top - target) + lse - self.nll[part]
-            kl[part] = self.neg_entropy[part] - shifted + lse
-            flips[part] = argtop != self.top[part]
+            lq = torch.log_softmax(z, -1)
+            d_nll[part] = self.log_p[part] - lq.gather(-1, self.target[part, None])[:, 0]
+            kl[part] = self.p_log_p[part] - (lq * self.p[part]).sum(-1)
+            flips[part] = z.gather(-1, self.top[part, None])[:, 0] < z.amax(-1)
         return self.per_row(d_nll), self.per_row(kl), self.per_row(flips)
 
     def effects(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
