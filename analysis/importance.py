@@ -435,20 +435,26 @@ def _save_cache(path: Path | None, key: str, s: Sums) -> None:
 def measure(model: Any, tokens: Tokens, ablations: Sequence[Ablation], settings: ImportanceSettings, *,
             fast: bool, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
             on_prefix: Callable[[Any, Any], None] | None = None, cache: Path | None = None,
-            key: str = "", done_before: int = 0, total: int | None = None) -> Sums:
+            key: str = "", done_before: int = 0, total: int | None = None, ray: RaySpec | None = None) -> Sums:
     """Per-row sums of every ablation's effects over the dataset (module doc); with `cache`, rows
-    measured by an earlier (interrupted) call with the same `key` are not measured again."""
+    measured by an earlier (interrupted) call with the same `key` are not measured again. `ray`: the
+    batches are measured by Ray actors (`_on_ray`) instead of here, with the same cache, progress and
+    stop; `on_prefix` is then not called."""
     pad = max(0, int(getattr(model.config, "pad_id", 0)))
     sums = _load_cache(cache, key, len(ablations), len(tokens.ids))
-    batches = _batches(tokens, settings.batch_size, pad)
+    todo = [b for b in _batches(tokens, settings.batch_size, pad) if not sums.done[b[0]].all()]
     total = total if total is not None else len(tokens.ids)
     done = done_before + int(sums.done.sum())
+    if ray is not None:
+        results = _on_ray(ray, todo, ablations, settings, fast, stop) if ablations and todo else iter(())
+        if not ablations:
+            sums.done[:] = True
+    else:
+        results = ((rows, *_measure_batch(model, x, lengths, ablations, settings, fast, stop, on_prefix))
+                   for rows, x, lengths in todo)
     saved = time.monotonic()
     try:
-        for rows, x, lengths in batches:
-            if sums.done[rows].all():
-                continue
-            base, effects = _measure_batch(model, x, lengths, ablations, settings, fast, stop, on_prefix)
+        for rows, base, effects in results:
             sums.base_nll[rows] = base
             for j, (d, k, f) in enumerate(effects):
                 sums.d_nll[j, rows], sums.kl[j, rows], sums.flips[j, rows] = d, k, f
@@ -460,6 +466,9 @@ def measure(model: Any, tokens: Tokens, ablations: Sequence[Ablation], settings:
                 _save_cache(cache, key, sums)
                 saved = time.monotonic()
     finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()  # Ray: its actors and the cluster it started end here
         if cache is not None and sums.done.any():
             _save_cache(cache, key, sums)  # whole or not at all (temporary renamed)
     return sums
@@ -515,8 +524,9 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     """Every table of the sweep (module doc): importance, control, control_summary, proxies,
     proxy_agreement, pruning, pruning_curve. `progress(done, total)` counts rows x passes; `stop()`
     True ends with `corpus_run.Stopped`; `cache_dir` keeps measured rows so a rerun resumes.
-    `engine="ray"`: the ablations are cut into `workers` chunks, each measured by a Ray task that
-    loads `checkpoint` itself (`measure_ray`; no cache, progress per chunk)."""
+    `engine="ray"`: the batches of rows are measured by `workers` Ray actors, each loading
+    `checkpoint` itself (`_on_ray`), with the same cache, progress and stop as one process and the
+    same numbers."""
     if engine not in ("local", "ray"):
         raise ValueError(f"engine {engine!r}: use local or ray")
     if engine == "ray" and checkpoint is None:
@@ -557,15 +567,13 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         usage.add(prefix, lengths)
         usage_done.append(True)
 
+    ray = RaySpec(checkpoint, workers, str(next(run_model.parameters()).dtype).removeprefix("torch.")) \
+        if engine == "ray" else None
     with torch.inference_mode():
-        if engine == "ray":
-            sums = measure_ray(checkpoint, tokens, list(ablations), settings, fast, workers)
-            measure(run_model, tokens, [], settings, fast=fast, on_prefix=on_prefix)  # usage and REAP, here
-        else:
-            sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                           on_prefix=on_prefix, cache=cache, key=key, total=total)
-        if cache is not None and len(usage_done) < len(_batches(tokens, settings.batch_size, 0)):
-            # rows measured before an interruption: their usage is counted again by one plain pass
+        sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
+                       on_prefix=on_prefix, cache=cache, key=key, total=total, ray=ray)
+        if len(usage_done) < len(_batches(tokens, settings.batch_size, 0)):
+            # rows measured before an interruption, or by Ray workers: usage and REAP counted here by one plain pass
             usage = Usage(run_model, scope)
             measure(run_model, tokens, [], settings, fast=fast, on_prefix=lambda p, n: usage.add(p, n))
     positions = tokens.positions
@@ -605,7 +613,7 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
             tables.update(_pruning(run_model, tokens, scope, imp, use, prune_n, settings, fast, base_loss,
                                    progress=progress, stop=stop, done_before=len(tokens.ids), total=total,
                                    cache=cache_dir if cache is not None else None, key_parts=key_parts,
-                                   ray=(checkpoint, workers) if engine == "ray" else None))
+                                   ray=ray))
     elif settings.prune_max != 0:
         notes.append("no pruning curve: it needs every routed option of each layer measured (no --options)")
     prov = {"model": name, "family": model.config.family, "label": model.config.label,
@@ -664,7 +672,7 @@ def pruning_ablation(order: dict[str, list[int]], n: int) -> Ablation:
 
 
 def _pruning(model, tokens, scope, imp, use, prune_n, settings, fast, base_loss, *, progress, stop, done_before,
-             total, cache, key_parts, ray=None) -> dict[str, pd.DataFrame]:
+             total, cache, key_parts, ray: RaySpec | None = None) -> dict[str, pd.DataFrame]:
     rng = np.random.default_rng(settings.seed + 1)
     orders = {("causal", 0): ranked(imp, scope, "delta_nll"), ("usage", 0): ranked(use.fillna(0), scope, "usage")}
     for d in range(settings.prune_draws):
@@ -678,12 +686,9 @@ def _pruning(model, tokens, scope, imp, use, prune_n, settings, fast, base_loss,
                 ablations.setdefault(ab, len(ablations))
             plan.append((ranking, n, d, ab, ", ".join(f"{l}:{o}" for l, os_ in order.items() for o in os_[:n])))
     key = cache_key({**key_parts, "pruning": [a.describe() for a in ablations]})
-    if ray is not None:
-        sums = measure_ray(ray[0], tokens, list(ablations), settings, fast, ray[1])
-    else:
-        sums = measure(model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                       cache=cache / f"pruning-{key}.safetensors" if cache is not None else None, key=key,
-                       done_before=done_before, total=total)
+    sums = measure(model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
+                   cache=cache / f"pruning-{key}.safetensors" if cache is not None else None, key=key,
+                   done_before=done_before, total=total, ray=ray)
     n_pos = tokens.positions.sum()
     rows = []
     for ranking, n, d, ab, dropped in plan:
@@ -709,52 +714,75 @@ def dataset_loss(model: Any, tokenizer: Any, data: CorpusData, settings: Importa
     return float(sums.base_nll.sum() / n), float((sums.base_nll.sum() + sums.d_nll[0].sum()) / n)
 
 
-# --- Ray: chunks of the sweep on workers -----------------------------------------------------------------
+# --- Ray: batches of the sweep on workers -----------------------------------------------------------------
 
-def _measure_chunk(files: dict[str, bytes], tokens: Tokens, ablations: list[Ablation], settings: ImportanceSettings,
-                   fast: bool) -> tuple[np.ndarray, ...]:
-    """A Ray task: the checkpoint from its files (in a temporary directory), then `measure`."""
-    import tempfile
+@dataclass(frozen=True)
+class RaySpec:
+    """Where Ray workers get the model: the checkpoint directory, loaded by each of `workers` actors
+    in `dtype` (the dtype the effects are measured in here)."""
 
-    from routescope.core_models.checkpoint import load_checkpoint
-
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="rs-imp-") as d:
-        for name, data in files.items():
-            (Path(d) / name).write_bytes(data)
-        model, _ = load_checkpoint(d, dtype="float32" if settings.float32 else "auto")
-    with torch.inference_mode():
-        s = measure(model, tokens, ablations, settings, fast=fast and getattr(model, "can_resume", False))
-    return s.d_nll, s.kl, s.flips, s.base_nll
+    checkpoint: str | Path
+    workers: int
+    dtype: str
 
 
-def measure_ray(checkpoint: str | Path, tokens: Tokens, ablations: list[Ablation], settings: ImportanceSettings,
-                fast: bool, workers: int) -> Sums:
-    """`measure` with the ablations cut into `workers` chunks, each a Ray task (a local cluster is
-    started, and stopped after, unless Ray is running or RAY_ADDRESS names one); the same numbers as
-    one process (each ablation runs the same batches)."""
+class _Worker:
+    """A Ray actor: the checkpoint (its files, written to a temporary directory) loaded once, then
+    `_measure_batch` per batch of rows: the same computation as one process, batch by batch."""
+
+    def __init__(self, files: dict[str, bytes], dtype: str) -> None:
+        import tempfile
+
+        from routescope.core_models.checkpoint import load_checkpoint
+
+        torch.set_num_threads(1)
+        with tempfile.TemporaryDirectory(prefix="rs-imp-") as d:
+            for name, data in files.items():
+                (Path(d) / name).write_bytes(data)
+            self.model, _ = load_checkpoint(d, dtype=dtype)
+
+    def measure(self, rows: np.ndarray, x: torch.Tensor, lengths: torch.Tensor, ablations: list[Ablation],
+                settings: ImportanceSettings, fast: bool) -> tuple[np.ndarray, np.ndarray, list]:
+        with torch.inference_mode():
+            base, effects = _measure_batch(self.model, x, lengths, ablations, settings,
+                                           fast and getattr(self.model, "can_resume", False), None)
+        return rows, base, effects
+
+
+def _on_ray(spec: RaySpec, todo: list, ablations: Sequence[Ablation], settings: ImportanceSettings, fast: bool,
+            stop: Callable[[], bool] | None):
+    """(rows, unablated NLL per row, effects) of each batch in `todo`, in the order Ray actors finish
+    them (`spec.workers` actors, each with the checkpoint loaded once; a local cluster is started, and
+    stopped after, unless Ray is running or RAY_ADDRESS names one). `stop()` is asked while waiting;
+    True ends with `Stopped` and the batches in flight are dropped."""
     import shutil
 
     import ray
+    from ray.util import ActorPool
 
     from .distributed import _checkpoint_files, _connect
 
-    sums = Sums.empty(len(ablations), len(tokens.ids))
-    sums.done[:] = True
-    if not ablations:
-        return sums
-    started, tmp = _connect(workers, 1)
+    started, tmp = _connect(spec.workers, 1)
+    actors: list = []
     try:
-        task = ray.remote(num_cpus=1)(_measure_chunk)
-        files = ray.put(_checkpoint_files(checkpoint))
-        chunks = [c for c in np.array_split(np.arange(len(ablations)), workers) if len(c)]
-        parts = ray.get([task.remote(files, tokens, [ablations[i] for i in c], settings, fast) for c in chunks])
+        worker = ray.remote(num_cpus=1)(_Worker)
+        files = ray.put(_checkpoint_files(spec.checkpoint))
+        ablations_ref, settings_ref = ray.put(list(ablations)), ray.put(settings)
+        actors = [worker.remote(files, spec.dtype) for _ in range(min(spec.workers, len(todo)))]
+        pool = ActorPool(actors)
+        for batch in todo:
+            pool.submit(lambda a, b: a.measure.remote(*b, ablations_ref, settings_ref, fast), batch)
+        while pool.has_next():
+            if stop is not None and stop():
+                raise Stopped()
+            try:
+                yield pool.get_next_unordered(timeout=0.5)
+            except TimeoutError:
+                continue
     finally:
+        for a in actors:
+            ray.kill(a)
         if started:
             ray.shutdown()
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)
-    for c, (d, k, f, base) in zip(chunks, parts):
-        sums.d_nll[c], sums.kl[c], sums.flips[c] = d, k, f
-        sums.base_nll = base
-    return sums
