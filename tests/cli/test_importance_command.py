@@ -110,7 +110,8 @@ def test_engine_ray_writes_the_tables_of_one_process(tmp_path, capsys):
     for engine in ("local", "ray"):
         outs[engine] = tmp_path / engine
         code, err = run(common + ["--out", outs[engine], "--engine", engine, "--workers", "2"], capsys)
-        assert code == 0 and err.count("\n") == 1, err
+        # Ray may log its own lines (a token-authentication notice) before ours
+        assert code == 0 and err.splitlines()[-1].startswith("wrote ") and "Traceback" not in err, err
     for name in ("importance", "control", "proxies"):
         a, b = (pd.read_parquet(outs[e] / f"{name}.parquet") for e in ("local", "ray"))
         pd.testing.assert_frame_equal(a, b, check_exact=True)
