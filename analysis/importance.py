@@ -273,7 +273,7 @@ class _Positions:
 def per_forward_default(device: torch.device) -> int:
     """Ablations sharing one forward when the settings leave it open. On a CPU one: on olmoe-tiny a
     4,000-token sweep took 22.0, 22.6, 24.8 and 26.2 s of CPU with 1, 2, 4 and 8 per forward (one
-    run each way, medians of 2, shared machine; the logits are reduced a chunk at a time either way);
+    medians of 2 runs each, shared machine; the logits are reduced a chunk at a time either way);
     an accelerator fills its cores with the larger batch (not measured here)."""
     return 1 if device.type == "cpu" else 16
 
