@@ -4,7 +4,10 @@ Nothing here re-implements a model: `HFModel` holds the `AutoModelForCausalLM` t
 builds from the checkpoint and instruments it with permanent hooks, registered once at load, that
 read the call in progress (`runtime.current()`: ablation) and the active trace
 (`runtime.active_trace()`) from the same ContextVars as our own sites. Idle, a hook costs those
-ContextVar reads; nothing per call ever lives on a module, so one model serves every session.
+ContextVar reads; nothing per call ever lives on a module, so one model serves every session. The
+one thing a hook cannot do, skipping a computation, is done for the attention of each decoder layer
+that holds a router: its `forward` is an instance attribute that returns a captured output when a
+ContextVar names the module (`resume`, prefix reuse), else calls the class's forward.
 
 Which modules route is read from transformers itself, for every MoE model type it ships, at module
 boundaries (`moe_layout`):
