@@ -51,7 +51,8 @@ def sweep_olmoe(args, rep: C.Report) -> dict:
             runs[method].append((wall, cpu))
             tables[method] = res
     fast, naive = tables["fast"]["importance"], tables["naive"]["importance"]
-    diff = float(np.abs(fast["delta_nll"].to_numpy() - naive["delta_nll"].to_numpy()).max())
+    diffs = {c: float(np.abs(fast[c].to_numpy() - naive[c].to_numpy()).max()) for c in ("delta_nll", "kl", "flip_rate")}
+    diff = diffs["delta_nll"]
     t = C.Table(f"olmoe-tiny: every layer x 16 experts ({len(fast)} ablations) over {tokens:,} tokens, float32",
                 ["method", "wall s (each)", "CPU s (each)", "median wall s", "median CPU s"])
     for m, xs in runs.items():
@@ -61,7 +62,8 @@ def sweep_olmoe(args, rep: C.Report) -> dict:
     cpu = C.median([c for _, c in runs["fast"]]) / C.median([c for _, c in runs["naive"]])
     t.notes += [f"fast / naive: {wall:.3f}x wall, {cpu:.3f}x CPU",
                 f"largest |delta_nll(fast) - delta_nll(naive)|: {diff:.3g} (largest |delta_nll| "
-                f"{float(naive['delta_nll'].abs().max()):.3g})",
+                f"{float(naive['delta_nll'].abs().max()):.3g}); largest |kl difference| {diffs['kl']:.3g} (largest kl "
+                f"{float(naive['kl'].max()):.3g}); largest |flip_rate difference| {diffs['flip_rate']:.3g}",
                 f"{tables['fast'].provenance['predicted_positions']:,} predicted positions in "
                 f"{tables['fast'].provenance['rows']:,} rows"]
     rep.tables.append(t)

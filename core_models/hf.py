@@ -4,7 +4,10 @@ Nothing here re-implements a model: `HFModel` holds the `AutoModelForCausalLM` t
 builds from the checkpoint and instruments it with permanent hooks, registered once at load, that
 read the call in progress (`runtime.current()`: ablation) and the active trace
 (`runtime.active_trace()`) from the same ContextVars as our own sites. Idle, a hook costs those
-ContextVar reads; nothing per call ever lives on a module, so one model serves every session.
+ContextVar reads; nothing per call ever lives on a module, so one model serves every session. The
+one thing a hook cannot do, skipping a computation, is done for the attention of each decoder layer
+that holds a router: its `forward` is an instance attribute that returns a captured output when a
+ContextVar names the module (`resume`, prefix reuse), else calls the class's forward.
 
 Which modules route is read from transformers itself, for every MoE model type it ships, at module
 boundaries (`moe_layout`):
@@ -40,6 +43,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import types
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -420,16 +424,33 @@ class HFModel(RouteScopeLM):
         self._offload: Any = None  # load_hf's offload folder under device_map="auto"
         self._stack, self._decoder_of, self._tail = _decoder_stack(self.hf, list(layers))
         self._decoder_ids: dict[int, int] = {}
+        self._attention_of: dict[int, int] = {}  # id(self_attn of a routing decoder layer) -> decoder index
         if self._stack is not None:
-            for i, layer in enumerate(self.hf.get_submodule(self._stack)):
+            stack = self.hf.get_submodule(self._stack)
+            for i, layer in enumerate(stack):
                 self._decoder_ids[id(layer)] = i
                 layer.register_forward_pre_hook(self._decoder_pre, with_kwargs=True)
+            for i in set(self._decoder_of.values()):
+                attention = getattr(stack[i], "self_attn", None)
+                if isinstance(attention, nn.Module) and _reusable(attention):
+                    self._attention_of[id(attention)] = i
+                    attention.register_forward_hook(self._attention_post)
 
     # --- hooks (registered once; per-call state only in ContextVars) -----------------------------
     def _decoder_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         cap = _CAPTURE.get()
         if cap is not None:
             cap.inputs[self._decoder_ids[id(module)]] = (args, dict(kwargs))
+        return None
+
+    def _attention_post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        """Capture: the attention output of a routing decoder layer, kept only where its experts have not
+        run yet in that layer (then no ablation of the layer can change it: `resume` reuses it)."""
+        cap = _CAPTURE.get()
+        if cap is not None:
+            i = self._attention_of[id(module)]
+            if not any(self._decoder_of[r] == i for r in cap.experts):
+                cap.attention[i] = output
         return None
 
     def _router_pre(self, module: nn.Module, args: tuple) -> None:
@@ -594,11 +615,16 @@ class HFModel(RouteScopeLM):
             _CAPTURE.reset(token)
         return cap
 
-    def resume(self, prefix: Prefix, layer: str, row_ablations: list[runtime.Ablation] | tuple) -> torch.Tensor:
+    def resume(self, prefix: Prefix, layer: str, row_ablations: list[runtime.Ablation] | tuple, *,
+               head: bool = True) -> torch.Tensor:
         """Logits [len(row_ablations), pos, vocab] (float32) of the captured batch repeated
         len(row_ablations) / prefix.rows times, block j of rows under ablations j * rows ..., run from
         the decoder layer of routing layer `layer` on with transformers' own decoder layers, final norm
-        and output embedding. Every ablation must leave the layers before `layer` alone."""
+        and output embedding. Every ablation must leave the layers before `layer` alone. That decoder
+        layer's attention, computed before its experts (`Prefix.attention`), is not computed again:
+        its captured output is returned by the attention module's `forward` (`_reusable`). `head=False`:
+        the final norm's output [len(row_ablations), pos, hidden] instead (`output_embedding`'s input),
+        for a caller that needs the logits of some positions only, or a chunk at a time."""
         start, R = self._decoder_of[layer], prefix.rows
         if len(row_ablations) % R or not row_ablations:
             raise ValueError(f"resume: {len(row_ablations)} row ablations for {R} captured rows")
@@ -613,6 +639,9 @@ class HFModel(RouteScopeLM):
         copies: dict[int, Any] = {}
         h = None
         state = runtime.RunState(row_ablations=tuple(row_ablations))
+        attention = getattr(stack[start], "self_attn", None)
+        reuse = {id(attention): _repeat_rows(prefix.attention[start], R, m, copies)} \
+            if start in prefix.attention else None
         with runtime.running(state):
             token = _BATCH.set(len(row_ablations))
             try:
@@ -620,13 +649,21 @@ class HFModel(RouteScopeLM):
                     args, kwargs = _repeat_rows(prefix.inputs[i], R, m, copies)
                     if h is not None:
                         args, kwargs = _with_hidden(args, kwargs, h)
-                    out = stack[i](*args, **kwargs)
+                    reusing = _REUSE_ATTENTION.set(reuse if i == start else None)
+                    try:
+                        out = stack[i](*args, **kwargs)
+                    finally:
+                        _REUSE_ATTENTION.reset(reusing)
                     h = out[0] if isinstance(out, (tuple, list)) else out
-                norm, head = self._tail
-                logits = self.hf.get_submodule(head)(self.hf.get_submodule(norm)(h))
+                hidden = self.hf.get_submodule(self._tail[0])(h)
             finally:
                 _BATCH.reset(token)
-        return logits.float()
+        return self.output_embedding(hidden).float() if head else hidden
+
+    @property
+    def output_embedding(self) -> nn.Module:
+        """transformers' output embedding (`get_output_embeddings`): final hidden states -> logits."""
+        return self.hf.get_submodule(self._tail[1])
 
     def expert_output_norms(self, prefix: Prefix, layer: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(indices [N, k], weights [N, k], ||expert output|| [N, k]) at `layer` for the N tokens of the
@@ -764,9 +801,32 @@ class Prefix:
     logits: torch.Tensor | None = None
     inputs: dict[int, tuple[tuple, dict]] = field(default_factory=dict)  # decoder index -> (args, kwargs)
     experts: dict[str, tuple] = field(default_factory=dict)  # routing layer -> (hidden, top-k index, weights)
+    attention: dict[int, Any] = field(default_factory=dict)  # decoder index -> its attention's output, where
+    # the attention ran before the layer's experts (an ablation of the layer cannot change it)
 
 
 _CAPTURE: ContextVar[Prefix | None] = ContextVar("routescope_hf_capture", default=None)
+# id(attention module) -> the output its forward returns instead of computing it (`HFModel.resume`)
+_REUSE_ATTENTION: ContextVar[dict[int, Any] | None] = ContextVar("routescope_hf_reuse_attention", default=None)
+
+
+def _attention_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    reuse = _REUSE_ATTENTION.get()
+    if reuse is not None and id(module) in reuse:
+        return reuse[id(module)]
+    return type(module).forward(module, *args, **kwargs)
+
+
+def _reusable(attention: nn.Module) -> bool:
+    """Make `attention`'s forward return a captured output when `_REUSE_ATTENTION` names it (else its
+    class's forward, as before; a forward hook cannot skip the computation). The instance attribute
+    is a bound method, so a deep copy calls its own module. False where something else (accelerate's
+    offload hooks) already replaced the forward: that attention is always computed."""
+    own = attention.__dict__.get("forward")
+    if own is None:
+        attention.forward = types.MethodType(_attention_forward, attention)
+        return True
+    return getattr(own, "__func__", None) is _attention_forward
 # config fields that count a layer's routed experts, by model type (the first present is lowered when pruning)
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 

@@ -46,7 +46,7 @@ from routescope.analysis.corpus.run import Stopped, encode_head
 
 METHODS = ("fast", "naive")
 COLUMNS = ["layer", "option", "label", "delta_nll", "delta_nll_low", "delta_nll_high", "kl", "flip_rate", "usage"]
-LOGIT_BUDGET = 2**25  # float32 logits held at once when many ablations share a forward (128 MiB)
+CHUNK_LOGITS = 2**20  # float32 logits reduced at once (4 MiB: 256 positions of a 4,096 vocabulary; in cache)
 
 
 @dataclass(frozen=True)
@@ -207,41 +207,74 @@ class Sums:
 
 
 class _Positions:
-    """The unablated next-token distributions of one batch at every position but the last. An
-    ablated run's effects need, per position, only logsumexp, the target's logit, argmax and the dot
-    product with the unablated probabilities (KL = sum p0 log p0 - p0 . z + logsumexp z): no
-    vocabulary-sized log-probabilities are made (on a small model the vocabulary side costs as much
-    as the layers). Padding positions are computed (rows are sorted by length) and masked out of the
-    per-row sums."""
+    """The unablated next-token distributions of one batch at its predicted positions (each row's
+    positions but its last; padding never enters), and the effects of an ablated run against them.
+    An ablated run's logits are taken a chunk of positions at a time (`CHUNK_LOGITS` values) and
+    reduced while the chunk is in the CPU's cache, with one log_softmax per chunk: delta NLL from the
+    target's log-probability, KL(p0 || q) = p0 . log p0 - p0 . log q, a flip where the unablated top-1
+    token's logit is below the chunk's largest (an exact tie keeps it). No vocabulary-sized tensor of
+    the whole batch is made. From final hidden states (`effects_of_hidden`) each chunk's logits come
+    from the output embedding itself, at the predicted positions only. The unablated terms are taken
+    the same way, so an ablation that changes no logit gives exactly 0. (p0 . z taken as h . (p0 W)
+    would save a pass over the chunk, but it mixes exact and float32-rounded logits: on olmoe-tiny KL
+    then moved by ~3e-5 nats per position from KL of float64 logits, against ~1e-7 from the chunk.)"""
 
-    def __init__(self, logits: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor) -> None:
-        T = x.shape[1]
-        self.valid = (torch.arange(T - 1)[None, :] < (lengths[:, None] - 1)).to(logits.device)  # [R, T-1]
-        self.target = x[:, 1:].to(logits.device)[..., None]
-        lp = torch.log_softmax(logits[:, :-1].float(), -1)
+    def __init__(self, logits: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor,
+                 head: torch.nn.Module | None = None) -> None:
+        R, T = x.shape
+        dev = logits.device
+        valid = torch.arange(T)[None, :] < (lengths[:, None] - 1)  # [R, T]: a next token follows
+        self.flat = valid.reshape(-1).nonzero()[:, 0].to(dev)  # predicted positions in [R * T]
+        self.row = (self.flat // T).cpu()
+        self.rows, self.T = R, T
+        self.target = x.reshape(-1).to(dev)[self.flat + 1]
+        z = logits.reshape(R * T, -1).index_select(0, self.flat).float()  # [N, V]
+        lp = torch.log_softmax(z, -1)
         self.p = lp.exp()
-        self.neg_entropy = (self.p * lp).sum(-1)
-        self.nll = -lp.gather(-1, self.target)[..., 0]
-        self.top = lp.argmax(-1)
+        self.p_log_p = (lp * self.p).sum(-1)
+        self.log_p = lp.gather(-1, self.target[:, None])[:, 0]
+        self.top = z.argmax(-1)
+        self.chunk = max(1, CHUNK_LOGITS // z.shape[-1])
+        self.head = head
+
+    @property
+    def nll(self) -> torch.Tensor:
+        return -self.log_p
 
     def per_row(self, v: torch.Tensor) -> np.ndarray:
-        return (v.double() * self.valid).sum(1).cpu().numpy()
+        out = torch.zeros(self.rows, dtype=torch.float64)
+        return out.index_add_(0, self.row, v.double().cpu()).numpy()
+
+    def _reduce(self, chunk: Callable[[slice], torch.Tensor]) -> tuple[np.ndarray, ...]:
+        """`chunk(part)`: the ablated logits [c, V] (float32) of those positions."""
+        n = len(self.flat)
+        d_nll, kl, flips = (torch.empty(n, device=self.p.device) for _ in range(3))
+        for s in range(0, n, self.chunk):
+            part = slice(s, s + self.chunk)
+            z = chunk(part)
+            lq = torch.log_softmax(z, -1)
+            d_nll[part] = self.log_p[part] - lq.gather(-1, self.target[part, None])[:, 0]
+            kl[part] = self.p_log_p[part] - (lq * self.p[part]).sum(-1)
+            flips[part] = z.gather(-1, self.top[part, None])[:, 0] < z.amax(-1)
+        return self.per_row(d_nll), self.per_row(kl), self.per_row(flips)
 
     def effects(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-row sums of (delta NLL, KL(unablated || ablated), top-1 flips) of ablated logits [R, T, V]."""
-        z = logits[:, :-1].float()
-        lse = torch.logsumexp(z, -1)
-        nll = lse - z.gather(-1, self.target)[..., 0]
-        cross = torch.matmul(self.p[..., None, :], z[..., None])[..., 0, 0]  # a batched dot: no [.., V] temporary
-        kl = self.neg_entropy - cross + lse
-        return self.per_row(nll - self.nll), self.per_row(kl), self.per_row((z.argmax(-1) != self.top).float())
+        flat = logits.reshape(self.rows * self.T, -1)
+        return self._reduce(lambda part: flat.index_select(0, self.flat[part]).float())
+
+    def effects_of_hidden(self, hidden: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The same from an ablated run's final hidden states [R, T, hidden] (the output embedding's
+        input): its logits are made a chunk at a time by the output embedding."""
+        flat = hidden.reshape(self.rows * self.T, -1)
+        return self._reduce(lambda part: self.head(flat.index_select(0, self.flat[part])).float())
 
 
 def per_forward_default(device: torch.device) -> int:
-    """Ablations sharing one forward when the settings leave it open. On a CPU one: measured on
-    olmoe-tiny (benchmarks/bench_importance.py), a batch repeated 4 times under 4 ablations took 1.6x
-    the CPU time per ablation of one ablation at a time (the repeated batch's activations and logits
-    leave the caches); an accelerator fills its cores with the larger batch."""
+    """Ablations sharing one forward when the settings leave it open. On a CPU one: on olmoe-tiny a
+    4,000-token sweep took 22.0, 22.6, 24.8 and 26.2 s of CPU with 1, 2, 4 and 8 per forward (one
+    medians of 2 runs each, shared machine; the logits are reduced a chunk at a time either way);
+    an accelerator fills its cores with the larger batch (not measured here)."""
     return 1 if device.type == "cpu" else 16
 
 
@@ -255,7 +288,7 @@ def _measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations
                    on_prefix: Callable[[Any, Any], None] | None = None) -> tuple[np.ndarray, list]:
     """(unablated NLL per row, [(d_nll, kl, flips) per row for each ablation]) of one batch."""
     x = x.to(model.device)
-    R, T = x.shape
+    R = x.shape[0]
     prefix = model.capture(x) if getattr(model, "can_resume", False) else None
     if prefix is not None:
         base = prefix.logits
@@ -265,11 +298,11 @@ def _measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations
         prefix = tr
     if on_prefix is not None:
         on_prefix(prefix, lengths)
-    pos = _Positions(base, x, lengths)
+    resume = fast and getattr(model, "can_resume", False)
+    pos = _Positions(base, x, lengths, head=model.output_embedding if resume else None)
     out: list = [None] * len(ablations)
-    if fast and getattr(model, "can_resume", False):
-        per = max(1, min(settings.ablations_per_forward or per_forward_default(x.device),
-                         LOGIT_BUDGET // max(1, R * T * base.shape[-1])))
+    if resume:
+        per = settings.ablations_per_forward or per_forward_default(x.device)
         groups: dict[str, list[int]] = {}
         for j, ab in enumerate(ablations):
             groups.setdefault(_first_layer(model, ab), []).append(j)
@@ -278,9 +311,9 @@ def _measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations
                 if stop is not None and stop():
                     raise Stopped()
                 part = js[s:s + per]
-                logits = model.resume(prefix, layer, [ablations[j] for j in part for _ in range(R)])
+                hidden = model.resume(prefix, layer, [ablations[j] for j in part for _ in range(R)], head=False)
                 for i, j in enumerate(part):
-                    out[j] = pos.effects(logits[i * R:(i + 1) * R])
+                    out[j] = pos.effects_of_hidden(hidden[i * R:(i + 1) * R])
     else:
         for j, ab in enumerate(ablations):
             if stop is not None and stop():
@@ -402,20 +435,26 @@ def _save_cache(path: Path | None, key: str, s: Sums) -> None:
 def measure(model: Any, tokens: Tokens, ablations: Sequence[Ablation], settings: ImportanceSettings, *,
             fast: bool, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
             on_prefix: Callable[[Any, Any], None] | None = None, cache: Path | None = None,
-            key: str = "", done_before: int = 0, total: int | None = None) -> Sums:
+            key: str = "", done_before: int = 0, total: int | None = None, ray: RaySpec | None = None) -> Sums:
     """Per-row sums of every ablation's effects over the dataset (module doc); with `cache`, rows
-    measured by an earlier (interrupted) call with the same `key` are not measured again."""
+    measured by an earlier (interrupted) call with the same `key` are not measured again. `ray`: the
+    batches are measured by Ray actors (`_on_ray`) instead of here, with the same cache, progress and
+    stop; `on_prefix` is then not called."""
     pad = max(0, int(getattr(model.config, "pad_id", 0)))
     sums = _load_cache(cache, key, len(ablations), len(tokens.ids))
-    batches = _batches(tokens, settings.batch_size, pad)
+    todo = [b for b in _batches(tokens, settings.batch_size, pad) if not sums.done[b[0]].all()]
     total = total if total is not None else len(tokens.ids)
     done = done_before + int(sums.done.sum())
+    if ray is not None:
+        results = _on_ray(ray, todo, ablations, settings, fast, stop) if ablations and todo else iter(())
+        if not ablations:
+            sums.done[:] = True
+    else:
+        results = ((rows, *_measure_batch(model, x, lengths, ablations, settings, fast, stop, on_prefix))
+                   for rows, x, lengths in todo)
     saved = time.monotonic()
     try:
-        for rows, x, lengths in batches:
-            if sums.done[rows].all():
-                continue
-            base, effects = _measure_batch(model, x, lengths, ablations, settings, fast, stop, on_prefix)
+        for rows, base, effects in results:
             sums.base_nll[rows] = base
             for j, (d, k, f) in enumerate(effects):
                 sums.d_nll[j, rows], sums.kl[j, rows], sums.flips[j, rows] = d, k, f
@@ -427,6 +466,9 @@ def measure(model: Any, tokens: Tokens, ablations: Sequence[Ablation], settings:
                 _save_cache(cache, key, sums)
                 saved = time.monotonic()
     finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()  # Ray: its actors and the cluster it started end here
         if cache is not None and sums.done.any():
             _save_cache(cache, key, sums)  # whole or not at all (temporary renamed)
     return sums
@@ -482,8 +524,9 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     """Every table of the sweep (module doc): importance, control, control_summary, proxies,
     proxy_agreement, pruning, pruning_curve. `progress(done, total)` counts rows x passes; `stop()`
     True ends with `corpus_run.Stopped`; `cache_dir` keeps measured rows so a rerun resumes.
-    `engine="ray"`: the ablations are cut into `workers` chunks, each measured by a Ray task that
-    loads `checkpoint` itself (`measure_ray`; no cache, progress per chunk)."""
+    `engine="ray"`: the batches of rows are measured by `workers` Ray actors, each loading
+    `checkpoint` itself (`_on_ray`), with the same cache, progress and stop as one process and the
+    same numbers."""
     if engine not in ("local", "ray"):
         raise ValueError(f"engine {engine!r}: use local or ray")
     if engine == "ray" and checkpoint is None:
@@ -524,15 +567,13 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         usage.add(prefix, lengths)
         usage_done.append(True)
 
+    ray = RaySpec(checkpoint, workers, str(next(run_model.parameters()).dtype).removeprefix("torch.")) \
+        if engine == "ray" else None
     with torch.inference_mode():
-        if engine == "ray":
-            sums = measure_ray(checkpoint, tokens, list(ablations), settings, fast, workers)
-            measure(run_model, tokens, [], settings, fast=fast, on_prefix=on_prefix)  # usage and REAP, here
-        else:
-            sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                           on_prefix=on_prefix, cache=cache, key=key, total=total)
-        if cache is not None and len(usage_done) < len(_batches(tokens, settings.batch_size, 0)):
-            # rows measured before an interruption: their usage is counted again by one plain pass
+        sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
+                       on_prefix=on_prefix, cache=cache, key=key, total=total, ray=ray)
+        if len(usage_done) < len(_batches(tokens, settings.batch_size, 0)):
+            # rows measured before an interruption, or by Ray workers: usage and REAP counted here by one plain pass
             usage = Usage(run_model, scope)
             measure(run_model, tokens, [], settings, fast=fast, on_prefix=lambda p, n: usage.add(p, n))
     positions = tokens.positions
@@ -572,7 +613,7 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
             tables.update(_pruning(run_model, tokens, scope, imp, use, prune_n, settings, fast, base_loss,
                                    progress=progress, stop=stop, done_before=len(tokens.ids), total=total,
                                    cache=cache_dir if cache is not None else None, key_parts=key_parts,
-                                   ray=(checkpoint, workers) if engine == "ray" else None))
+                                   ray=ray))
     elif settings.prune_max != 0:
         notes.append("no pruning curve: it needs every routed option of each layer measured (no --options)")
     prov = {"model": name, "family": model.config.family, "label": model.config.label,
@@ -597,16 +638,28 @@ def _version() -> str:
 
 
 def _resume_agrees(model: Any, tokens: Tokens, settings: ImportanceSettings) -> bool:
-    """Whether restarting at the first routing layer reproduces the plain forward on the first batch
-    (within float32 rounding of the logits' scale): a model whose head does more than norm +
-    output embedding (logit soft-capping, scaling) fails and runs the naive loop."""
     rows, x, _ = _batches(tokens, settings.batch_size, max(0, int(getattr(model.config, "pad_id", 0))))[0]
+    return restart_reproduces(model, x)
+
+
+RESTART_EPS = 128  # float32 eps of the logits' scale: a restarted forward repeats the plain forward's ops on
+# the same inputs (0 difference on olmoe-tiny); beam's soft-capped logits differ by ~1,500 eps on a tiny model
+
+
+def restart_reproduces(model: Any, x: torch.Tensor) -> bool:
+    """Whether restarting at the first routing layer reproduces the plain forward of `x` (within
+    `RESTART_EPS` float32 eps of the logits' scale): a model whose head does more than final norm +
+    output embedding (logit soft-capping, scaling) fails, and so does one whose decoder layers hand on
+    more than the hidden states (hy_v4's parallel residual streams: other shapes), and the sweep
+    runs the naive loop."""
     with torch.inference_mode():
         x = x.to(model.device)
         prefix = model.capture(x)
         again = model.resume(prefix, next(iter(model.routing_layers())), [Ablation()] * x.shape[0])
-    scale = float(prefix.logits.abs().max())
-    return bool(((again - prefix.logits).abs() <= 1e-4 * max(scale, 1e-6)).all())
+    if again.shape != prefix.logits.shape:
+        return False
+    scale = max(float(prefix.logits.abs().max()), torch.finfo(torch.float32).tiny)
+    return bool(((again - prefix.logits).abs() <= RESTART_EPS * torch.finfo(torch.float32).eps * scale).all())
 
 
 def _prune_range(scope: Scope, settings: ImportanceSettings) -> list[int]:
@@ -631,7 +684,7 @@ def pruning_ablation(order: dict[str, list[int]], n: int) -> Ablation:
 
 
 def _pruning(model, tokens, scope, imp, use, prune_n, settings, fast, base_loss, *, progress, stop, done_before,
-             total, cache, key_parts, ray=None) -> dict[str, pd.DataFrame]:
+             total, cache, key_parts, ray: RaySpec | None = None) -> dict[str, pd.DataFrame]:
     rng = np.random.default_rng(settings.seed + 1)
     orders = {("causal", 0): ranked(imp, scope, "delta_nll"), ("usage", 0): ranked(use.fillna(0), scope, "usage")}
     for d in range(settings.prune_draws):
@@ -645,12 +698,9 @@ def _pruning(model, tokens, scope, imp, use, prune_n, settings, fast, base_loss,
                 ablations.setdefault(ab, len(ablations))
             plan.append((ranking, n, d, ab, ", ".join(f"{l}:{o}" for l, os_ in order.items() for o in os_[:n])))
     key = cache_key({**key_parts, "pruning": [a.describe() for a in ablations]})
-    if ray is not None:
-        sums = measure_ray(ray[0], tokens, list(ablations), settings, fast, ray[1])
-    else:
-        sums = measure(model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                       cache=cache / f"pruning-{key}.safetensors" if cache is not None else None, key=key,
-                       done_before=done_before, total=total)
+    sums = measure(model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
+                   cache=cache / f"pruning-{key}.safetensors" if cache is not None else None, key=key,
+                   done_before=done_before, total=total, ray=ray)
     n_pos = tokens.positions.sum()
     rows = []
     for ranking, n, d, ab, dropped in plan:
@@ -676,52 +726,75 @@ def dataset_loss(model: Any, tokenizer: Any, data: CorpusData, settings: Importa
     return float(sums.base_nll.sum() / n), float((sums.base_nll.sum() + sums.d_nll[0].sum()) / n)
 
 
-# --- Ray: chunks of the sweep on workers -----------------------------------------------------------------
+# --- Ray: batches of the sweep on workers -----------------------------------------------------------------
 
-def _measure_chunk(files: dict[str, bytes], tokens: Tokens, ablations: list[Ablation], settings: ImportanceSettings,
-                   fast: bool) -> tuple[np.ndarray, ...]:
-    """A Ray task: the checkpoint from its files (in a temporary directory), then `measure`."""
-    import tempfile
+@dataclass(frozen=True)
+class RaySpec:
+    """Where Ray workers get the model: the checkpoint directory, loaded by each of `workers` actors
+    in `dtype` (the dtype the effects are measured in here)."""
 
-    from routescope.core_models.checkpoint import load_checkpoint
-
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="rs-imp-") as d:
-        for name, data in files.items():
-            (Path(d) / name).write_bytes(data)
-        model, _ = load_checkpoint(d, dtype="float32" if settings.float32 else "auto")
-    with torch.inference_mode():
-        s = measure(model, tokens, ablations, settings, fast=fast and getattr(model, "can_resume", False))
-    return s.d_nll, s.kl, s.flips, s.base_nll
+    checkpoint: str | Path
+    workers: int
+    dtype: str
 
 
-def measure_ray(checkpoint: str | Path, tokens: Tokens, ablations: list[Ablation], settings: ImportanceSettings,
-                fast: bool, workers: int) -> Sums:
-    """`measure` with the ablations cut into `workers` chunks, each a Ray task (a local cluster is
-    started, and stopped after, unless Ray is running or RAY_ADDRESS names one); the same numbers as
-    one process (each ablation runs the same batches)."""
+class _Worker:
+    """A Ray actor: the checkpoint (its files, written to a temporary directory) loaded once, then
+    `_measure_batch` per batch of rows: the same computation as one process, batch by batch."""
+
+    def __init__(self, files: dict[str, bytes], dtype: str) -> None:
+        import tempfile
+
+        from routescope.core_models.checkpoint import load_checkpoint
+
+        torch.set_num_threads(1)
+        with tempfile.TemporaryDirectory(prefix="rs-imp-") as d:
+            for name, data in files.items():
+                (Path(d) / name).write_bytes(data)
+            self.model, _ = load_checkpoint(d, dtype=dtype)
+
+    def measure(self, rows: np.ndarray, x: torch.Tensor, lengths: torch.Tensor, ablations: list[Ablation],
+                settings: ImportanceSettings, fast: bool) -> tuple[np.ndarray, np.ndarray, list]:
+        with torch.inference_mode():
+            base, effects = _measure_batch(self.model, x, lengths, ablations, settings,
+                                           fast and getattr(self.model, "can_resume", False), None)
+        return rows, base, effects
+
+
+def _on_ray(spec: RaySpec, todo: list, ablations: Sequence[Ablation], settings: ImportanceSettings, fast: bool,
+            stop: Callable[[], bool] | None):
+    """(rows, unablated NLL per row, effects) of each batch in `todo`, in the order Ray actors finish
+    them (`spec.workers` actors, each with the checkpoint loaded once; a local cluster is started, and
+    stopped after, unless Ray is running or RAY_ADDRESS names one). `stop()` is asked while waiting;
+    True ends with `Stopped` and the batches in flight are dropped."""
     import shutil
 
     import ray
+    from ray.util import ActorPool
 
     from routescope.analysis.distributed import _checkpoint_files, _connect
 
-    sums = Sums.empty(len(ablations), len(tokens.ids))
-    sums.done[:] = True
-    if not ablations:
-        return sums
-    started, tmp = _connect(workers, 1)
+    started, tmp = _connect(spec.workers, 1)
+    actors: list = []
     try:
-        task = ray.remote(num_cpus=1)(_measure_chunk)
-        files = ray.put(_checkpoint_files(checkpoint))
-        chunks = [c for c in np.array_split(np.arange(len(ablations)), workers) if len(c)]
-        parts = ray.get([task.remote(files, tokens, [ablations[i] for i in c], settings, fast) for c in chunks])
+        worker = ray.remote(num_cpus=1)(_Worker)
+        files = ray.put(_checkpoint_files(spec.checkpoint))
+        ablations_ref, settings_ref = ray.put(list(ablations)), ray.put(settings)
+        actors = [worker.remote(files, spec.dtype) for _ in range(min(spec.workers, len(todo)))]
+        pool = ActorPool(actors)
+        for batch in todo:
+            pool.submit(lambda a, b: a.measure.remote(*b, ablations_ref, settings_ref, fast), batch)
+        while pool.has_next():
+            if stop is not None and stop():
+                raise Stopped()
+            try:
+                yield pool.get_next_unordered(timeout=0.5)
+            except TimeoutError:
+                continue
     finally:
+        for a in actors:
+            ray.kill(a)
         if started:
             ray.shutdown()
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)
-    for c, (d, k, f, base) in zip(chunks, parts):
-        sums.d_nll[c], sums.kl[c], sums.flips[c] = d, k, f
-        sums.base_nll = base
-    return sums

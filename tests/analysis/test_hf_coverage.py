@@ -252,3 +252,39 @@ def test_the_readme_support_table_is_what_this_module_verified(tmp_root):
     assert BEGIN in readme and END in readme, "README has no support table (python scripts/hf_support_table.py)"
     got = readme[readme.index(BEGIN):readme.index(END) + len(END)]
     assert got == support_table(tmp_root), "README's support table is stale: run python scripts/hf_support_table.py"
+
+
+def test_a_forward_restarted_at_each_routing_layer_equals_the_whole_ablated_forward(tmp_root):
+    """Prefix reuse on every opened type that can restart (`HFModel.capture` / `resume`, as the
+    importance sweep uses it): where the sweep's self-check passes (`restart_reproduces`), expert 0
+    dropped at each routing layer, restarted there, equals the whole forward under that ablation;
+    where the layer's attention ran before its experts its captured output is reused (most types).
+    A type whose check fails (beam: soft-capped logits; hy_v4: decoder layers that hand on several
+    residual streams) is measured by the naive loop."""
+    from routescope.analysis.importance import restart_reproduces
+
+    restarted, reused, naive = [], [], []
+    x = torch.tensor(IDS * 2)
+    for t in sorted(TYPES):
+        c = coverage(t, tmp_root)
+        model = c.get("model")
+        if c["status"] != "opened" or not model.can_resume:
+            continue
+        if not restart_reproduces(model, x):
+            naive.append(t)
+            continue
+        with torch.inference_mode():
+            prefix = model.capture(x)
+            for layer in model.routing_layers():
+                ab = Ablation(drop=((layer, 0),))
+                try:
+                    want = model(x, ablation=ab).logits
+                except AblationError:  # too few experts left for its top-k: nothing to compare
+                    continue
+                got = model.resume(prefix, layer, [ab] * len(x))
+                assert_close_to_scale(got, want, FORWARD_EPS, msg=f"{t} {layer}")
+        restarted.append(t)
+        if prefix.attention:
+            reused.append(t)
+    assert len(restarted) >= GOAL // 2 and len(reused) >= len(restarted) // 2, (restarted, reused, naive)
+    assert {"beam", "hy_v4"} & set(TYPES) <= set(naive), naive

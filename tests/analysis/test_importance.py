@@ -230,14 +230,29 @@ def test_rs_importance_returns_the_frames(tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_engine_equals_one_process():
+def test_ray_engine_equals_one_process_and_resumes_from_its_cache(tmp_path):
+    """Ray actors measure batches of rows: progress per batch, counted as one process counts it; a
+    stopped Ray run leaves its cache, the rerun measures only the rest, and every table equals one
+    process's exactly (each batch is the same computation)."""
     pytest.importorskip("ray", reason="ray is not installed (the distributed extra)")
     model, tok = load_checkpoint(OLMOE, dtype="float32")
-    s = ImportanceSettings(layers=("model.layers.0.mlp.gate", "model.layers.3.mlp.gate"), max_tokens=150,
+    s = ImportanceSettings(layers=("model.layers.0.mlp.gate", "model.layers.3.mlp.gate"), max_tokens=150, batch_size=2,
                            control_draws=2, prune_draws=2, prune_max=2)
-    one = importance(model, tok, corpus(), s)
-    ray_ = importance(model, tok, corpus(), s, engine="ray", checkpoint=OLMOE, workers=2)
+    local = []
+    one = importance(model, tok, corpus(), s, progress=lambda d, t: local.append((d, t)))
+    ray_run = dict(weights_sha256="w", cache_dir=tmp_path, engine="ray", checkpoint=OLMOE, workers=2)
+    seen = []
+    with pytest.raises(Stopped):
+        importance(model, tok, corpus(), s, progress=lambda d, t: seen.append((d, t)), stop=lambda: len(seen) >= 1,
+                   **ray_run)
+    assert seen == [(2, local[-1][1])]  # one batch of 2 rows, of rows x passes as one process counts them
+    assert list(tmp_path.glob("effects-*.safetensors")) and not list(tmp_path.glob(".*tmp"))
+    again = []
+    resumed = importance(model, tok, corpus(), s, progress=lambda d, t: again.append((d, t)), **ray_run)
+    assert again[0][0] == 4  # the stopped run's batch came from the cache: the first new one ends at 4 rows
+    assert [d for d, _ in again] == sorted(d for d, _ in again) and again[-1] == local[-1]
+    assert len(again) == len(local) - 1
     for name in ("importance", "control", "proxies", "pruning_curve"):
-        a, b = one[name], ray_[name]
+        a, b = one[name], resumed[name]
         num = a.select_dtypes("number").columns
         assert np.array_equal(a[num].to_numpy(float), b[num].to_numpy(float), equal_nan=True), name
