@@ -289,7 +289,7 @@ def _measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations
     """(unablated NLL per row, [(d_nll, kl, flips) per row for each ablation]) of one batch."""
     x = x.to(model.device)
     R = x.shape[0]
-    prefix = model.capture(x) if getattr(model, "can_resume", False) else None
+    prefix = model.capture(x) if model.can_resume else None
     if prefix is not None:
         base = prefix.logits
     else:
@@ -298,7 +298,7 @@ def _measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations
         prefix = tr
     if on_prefix is not None:
         on_prefix(prefix, lengths)
-    resume = fast and getattr(model, "can_resume", False)
+    resume = fast and model.can_resume
     pos = _Positions(base, x, lengths, head=model.output_embedding if resume else None)
     out: list = [None] * len(ablations)
     if resume:
@@ -340,7 +340,7 @@ class Usage:
         self.weight = {l: np.zeros(n[l]) for l in scope.layers}
         self.reap = {l: np.zeros(n[l]) for l in scope.layers}
         self.reap_n = {l: np.zeros(n[l]) for l in scope.layers}
-        self.has_reap = getattr(model, "can_resume", False)
+        self.has_reap = model.can_resume
 
     def add(self, prefix: Any, lengths: torch.Tensor) -> None:
         real = lambda T: (torch.arange(T)[None, :] < lengths[:, None]).reshape(-1)  # noqa: E731
@@ -539,7 +539,7 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         notes.append(f"effects measured on a float32 copy of the model (it runs in "
                      f"{next(model.parameters()).dtype})".replace("torch.", ""))
     tokens = tokens_of(data, tokenizer, model.context, settings.max_tokens)
-    fast = settings.method == "fast" and getattr(run_model, "can_resume", False)
+    fast = settings.method == "fast" and run_model.can_resume
     if settings.method == "fast" and not fast:
         notes.append(f"{model.config.label}: no prefix reuse for this family: one forward per ablation")
     if fast:
@@ -757,7 +757,7 @@ class _Worker:
                 settings: ImportanceSettings, fast: bool) -> tuple[np.ndarray, np.ndarray, list]:
         with torch.inference_mode():
             base, effects = _measure_batch(self.model, x, lengths, ablations, settings,
-                                           fast and getattr(self.model, "can_resume", False), None)
+                                           fast and self.model.can_resume, None)
         return rows, base, effects
 
 

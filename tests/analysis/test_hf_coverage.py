@@ -261,7 +261,7 @@ def test_a_forward_restarted_at_each_routing_layer_equals_the_whole_ablated_forw
     where the layer's attention ran before its experts its captured output is reused (most types).
     A type whose check fails (beam: soft-capped logits; hy_v4: decoder layers that hand on several
     residual streams) is measured by the naive loop."""
-    from routescope.analysis.importance import restart_reproduces
+    from routescope.analysis.reports.importance import restart_reproduces
 
     restarted, reused, naive = [], [], []
     x = torch.tensor(IDS * 2)
