@@ -14,7 +14,7 @@ from routescope.analysis.runs import domain as D
 
 from routescope.corpora import corpus
 
-HELDOUT_PROBES = Path(D.__file__).parent / "data" / "heldout_probes.tsv"
+HELDOUT_PROBES = D.HELDOUT_PROBES  # the PaPaformer spec's held-out set
 TEMPLATE_FILES = sorted(Path(training.__file__).parent.glob("*.py"))
 N = 4  # no run of N words of a prompt may occur in the template files
 

@@ -160,7 +160,7 @@ def test_the_corpus_command_keeps_its_contract(shared_model, monkeypatch_module,
 def monkeypatch_module(shared_model):
     """`routescope corpus` given the shared model instead of loading the checkpoint per example."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(corpus_cli, "load_with_tokenizer", lambda path, device="cpu", dtype="float32": shared_model)
+    mp.setattr(corpus_cli, "load_with_tokenizer", lambda path, **placement: shared_model)
     yield mp
     mp.undo()
 
