@@ -177,7 +177,12 @@ def require_fits(n_params: int, dtype: torch.dtype, device: torch.device, where:
 
 
 def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's parameters (all of them live on one device)."""
+    """Where a model's inputs go: `RouteScopeLM.device` (under a device map, the input embedding's
+    device), else the device of the first parameter."""
+    from .base import RouteScopeLM  # base does not import this module's callers: no cycle at import
+
+    if isinstance(model, RouteScopeLM):
+        return model.device
     return next(model.parameters()).device
 
 
