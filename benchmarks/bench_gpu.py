@@ -5,7 +5,8 @@ The model: OLMoE-1B-7B's shape (bench_realsize.SHAPE, 16 layers, 6.9B parameters
 random bfloat16 weights written shard by shard). Steps, each printed as one JSON line (and
 appended to --out, so a run cut short keeps what it measured):
 
-- load: plain `from_pretrained(dtype="auto", device_map="cuda")` and `rs.load(device="cuda")`;
+- load: plain `from_pretrained(dtype="auto", device_map="cuda", trust_remote_code=False)` and
+  `rs.load(device="cuda")`;
 - equal: logits and every router's top-8 on a 64-token prompt (plain: the router modules' own
   outputs), and 32 greedy tokens;
 - forward: plain forward, RouteScope untraced, traced (every site), and with one expert dropped;

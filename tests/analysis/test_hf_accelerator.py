@@ -53,7 +53,8 @@ def test_on_cuda_routes_and_logits_equal_transformers_own(saved, model_type, dty
     _, path = saved(model_type)
     # plain transformers as a user loads it (`.to(bfloat16)` of a float32 model would round its float32
     # rotary tables too, which from_pretrained keeps: a different model, seen on an H200)
-    plain = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], device_map="cuda").eval()
+    plain = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], device_map="cuda",
+                                                 trust_remote_code=False).eval()
     model, _ = load_checkpoint(path, device="cuda", dtype=dtype)
     assert model.device.type == "cuda" and all(p.device.type == "cuda" for p in model.parameters())
     assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {DTYPES[dtype]}
