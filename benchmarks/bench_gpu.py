@@ -12,7 +12,9 @@ appended to --out, so a run cut short keeps what it measured):
 - forward: plain forward, RouteScope untraced, traced (every site), and with one expert dropped;
   pick -> first heatmap (a traced prompt pass with its views and figures) and the drop toggle;
 - generate: 32 greedy tokens each;
-- corpus: plain forward vs RouteScope's corpus statistics over 4 batches of 8 x 256 tokens;
+- corpus: plain forward (ids already on the GPU) vs RouteScope's corpus statistics over 4 batches
+  of 8 x 256 tokens (ids from the CPU, through run_corpus's own batch loop), pipelined as shipped,
+  one batch at a time, and with synchronous trace copies;
 - device map: the model spread over the GPU (8 GiB) and the CPU by accelerate; its logits against
   the whole model's, and its forward time;
 - importance: one layer's 64 experts over 2,048 tokens, fast with 1 and 16 ablations per
@@ -185,14 +187,17 @@ def main() -> None:
     emit("generate32", plain_s=gen["plain"], routescope_s=gen["routescope"], ratio=gen["routescope"] / gen["plain"])
 
     batches = [C.random_ids(256, vocab, seed=10 + b, batch=8) for b in range(4)]
+    on_device = [b.to(DEVICE) for b in batches]  # plain gets its ids already on the device; ours come from the CPU
     corpus = interleaved({
-        "plain": lambda: [plain(b.to(DEVICE)) for b in batches],
+        "plain": lambda: [plain(b) for b in on_device],
         "routescope": lambda: _corpus(model, batches),
+        "routescope_one_at_a_time": lambda: _corpus(model, batches, overlap=False),
         "routescope_sync_copies": lambda: _synchronous_copies(_corpus, model, batches),
-    }, reps=3, warm=1)
+    }, reps=5, warm=1)
     n = 4 * 8 * 256
     emit("corpus", plain_tok_s=n / corpus["plain"], routescope_tok_s=n / corpus["routescope"],
          ratio=corpus["plain"] / corpus["routescope"],
+         one_at_a_time_ratio=corpus["plain"] / corpus["routescope_one_at_a_time"],
          sync_copies_tok_s=n / corpus["routescope_sync_copies"],
          sync_copies_ratio=corpus["plain"] / corpus["routescope_sync_copies"])
 
@@ -237,24 +242,25 @@ def _traced(model: Any, ids: torch.Tensor, tracing: Any) -> None:
     return tr
 
 
-def _corpus(model: Any, batches: list[torch.Tensor]) -> None:
+def _corpus(model: Any, batches: list[torch.Tensor], overlap: bool = True) -> None:
+    """RouteScope's corpus statistics over `batches` (ids on the CPU, as a corpus's text gives them),
+    through `run_corpus`'s own batch loop (`traced_batches`). `overlap=False` hands that loop one batch
+    at a time, so no forward overlaps the reading of the one before: the same code, unpipelined."""
     import dataclasses
 
     from routescope.analysis.corpus import stats as S
-    from routescope.analysis.corpus.run import layout_of
+    from routescope.analysis.corpus.run import layout_of, traced_batches
     from routescope.analysis.runs.families import route_reader
-    from routescope.core_models import tracing
 
     reader, layout, stats = route_reader(model), layout_of(model, []), None
+    groups = [[(x, None) for x in batches]] if overlap else [[(x, None)] for x in batches]
     with torch.inference_mode():
-        for x in batches:
-            with tracing(reader.sites) as tr:
-                out = model(x)
-            routes, topk = reader.routes(tr), reader.topk(tr)
-            if stats is None:
-                stats = S.RouteStats(dataclasses.replace(layout, k=topk.shape[-1]), int(out.logits.shape[-1]))
-            stats.add(routes, [x.shape[1]] * len(x), input_ids=x.numpy(), predicted=out.logits.argmax(-1).cpu().numpy(),
-                      topk=topk, labels=[])
+        for group in groups:
+            for b in traced_batches(model, reader, group):
+                if stats is None:
+                    stats = S.RouteStats(dataclasses.replace(layout, k=b.topk.shape[-1]), b.vocab)
+                stats.add(b.routes, [b.ids.shape[1]] * len(b.ids), input_ids=b.ids.numpy(), predicted=b.predicted,
+                          topk=b.topk, labels=[])
 
 
 def _importance(model: Any, tok: Any, path: Path, emit: Callable[..., None]) -> None:

@@ -159,26 +159,12 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _corpus_throughput(model: Any, vocab: int) -> float:
-    """Tokens a second of RouteScope's corpus statistics over the plain side's batches: routes traced
-    and read, per-token statistics accumulated, as `analysis.corpus.run.run_corpus` does a batch."""
-    import dataclasses
+    """Tokens a second of RouteScope's corpus statistics over the plain side's batches, through
+    `run_corpus`'s own batch loop (bench_gpu's `_corpus`)."""
+    from benchmarks.bench_gpu import _corpus
 
-    from routescope.analysis.corpus import stats as S
-    from routescope.analysis.corpus.run import layout_of
-    from routescope.analysis.runs.families import route_reader
-    from routescope.core_models import tracing
-
-    reader, layout, stats = route_reader(model), layout_of(model, []), None
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        for x in _batches(vocab):
-            with tracing(reader.sites) as tr:
-                out = model(x)
-            routes, topk = reader.routes(tr), reader.topk(tr)
-            if stats is None:
-                stats = S.RouteStats(dataclasses.replace(layout, k=topk.shape[-1]), int(out.logits.shape[-1]))
-            stats.add(routes, [x.shape[1]] * len(x), input_ids=x.numpy(), predicted=out.logits.argmax(-1).numpy(),
-                      topk=topk, labels=[])
+    _corpus(model, _batches(vocab))
     return CORPUS_BATCHES * CORPUS_ROWS * TOKENS / (time.perf_counter() - t0)
 
 

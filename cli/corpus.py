@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from routescope.analysis.corpus import stats as S
+    from routescope.analysis.corpus.columns import named_compared
     from routescope.analysis.corpus import data as D
     from routescope.analysis.corpus import page as P
     from routescope.analysis.corpus import run as R
@@ -142,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     with P.OutputSet(out) as built:
         for stale in built.removed_stale:
             sys.stderr.write(f"note: removed {stale}, left by a run that was killed\n")
-        written = P.write_tables({**tables[0], **{f"compare_{k}": v for k, v in (compared or {}).items()}},
+        named = named_compared(compared or {}, (names[0], names[-1]))  # columns say which checkpoint
+        written = P.write_tables({**tables[0], **{f"compare_{k}": v for k, v in named.items()}},
                                  built.dir, formats, provenance=meta)  # in each Parquet file's metadata
         P.write_file(built.dir / P.PAGE, html)
         doc = {**meta, "tables": sorted({p.stem for p in written}), "formats": formats, "notes": list(results[0].notes)}

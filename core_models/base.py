@@ -123,8 +123,9 @@ class RouteScopeLM(nn.Module):
         if row_ablations is not None:
             row_ablations = self.check_row_ablations(row_ablations, idx.shape[0], ablation, cache)
         device = self.device
-        if idx.device != device:  # callers build ids on model.device; this covers any that do not
-            idx = idx.to(device)
+        if idx.device != device:  # ids built on the CPU (checked there without a device sync) go over
+            pinned = idx.pin_memory() if device.type == "cuda" and idx.is_cpu else idx  # without a wait
+            idx = pinned.to(device, non_blocking=pinned.is_pinned())
         if pad_mask is not None and pad_mask.device != device:
             pad_mask = pad_mask.to(device)
         ablation = ablation or runtime.NO_ABLATION

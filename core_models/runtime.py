@@ -516,20 +516,34 @@ def _record_async(x: torch.Tensor) -> torch.Tensor:
     return out.copy_(src, non_blocking=True)
 
 
+def host_copy(x: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+    """`x` on the CPU as `_record` keeps it, without waiting for a GPU: (the copy, and an event to
+    synchronize before reading it, or None when the copy is already complete)."""
+    if not x.is_cuda:
+        return _record(x), None
+    out = _record_async(x)
+    done = torch.cuda.Event()
+    done.record()
+    return out, done
+
+
 _TRACE: ContextVar[Trace | None] = ContextVar("routescope_trace", default=None)
 
 
 @contextlib.contextmanager
 def tracing(sites: list[str] | tuple[str, ...] | None = None,
-            edits: dict[str, SiteEdit] | None = None) -> Iterator[Trace]:
-    """Record the named sites (None = all) of every forward in this context, in this thread."""
+            edits: dict[str, SiteEdit] | None = None, *, wait: bool = True) -> Iterator[Trace]:
+    """Record the named sites (None = all) of every forward in this context, in this thread.
+    `wait=False`: leave without waiting for device-to-host copies still in flight (reading the trace
+    waits), so a caller can launch the next forward while a GPU finishes this one."""
     tr = Trace(sites, edits)
     token = _TRACE.set(tr)
     try:
         yield tr
     finally:
         _TRACE.reset(token)
-        tr.settle()
+        if wait:
+            tr.settle()
 
 
 def active_trace() -> Trace | None:

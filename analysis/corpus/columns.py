@@ -90,7 +90,9 @@ def compare_names(columns: Sequence[str], measures: Sequence[str], names: tuple[
 
 def shown_compare(df: pd.DataFrame, table: str, names: tuple[str, str]) -> pd.DataFrame:
     """A compared table as the app and corpus.html show it: columns named by checkpoint, flags first,
-    and each column's help in `attrs["help"]`."""
+    and each column's help in `attrs["help"]`. Two checkpoints of one name become "<name> (A)" and "(B)"."""
+    if names[0] == names[1]:
+        names = (f"{names[0]} (A)", f"{names[1]} (B)")
     keys, measures, flags = S.COMPARE_KEYS.get(table, ([], [], []))
     renamed = compare_names(list(df.columns), [*measures, *flags], names)
     out = flags_first(df.rename(columns=renamed))
@@ -103,6 +105,12 @@ def shown_compare(df: pd.DataFrame, table: str, names: tuple[str, str]) -> pd.Da
         helps[new] = f"{what} Of {side[old]}." if old in side else f"{b} minus {a}: {what[0].lower()}{what[1:]}"
     out.attrs = {**out.attrs, "help": {**{c: HELP[c] for c in out.columns if c in HELP}, **helps}}
     return out
+
+
+def named_compared(compared: Mapping[str, pd.DataFrame], names: tuple[str, str]) -> dict[str, pd.DataFrame]:
+    """Compared tables as they are written (CLI files, app downloads) and shown: each measure's columns
+    named by the checkpoint they come from, so a CSV read on its own says which model is which."""
+    return {name: shown_compare(df, name, names) for name, df in compared.items()}
 
 
 def shown_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -23,12 +23,13 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
-from routescope.core_models.runtime import NO_ABLATION, Ablation, tracing
+from routescope.core_models.runtime import NO_ABLATION, Ablation, host_copy, tracing
 
 from routescope.analysis.corpus import stats as S
 from routescope.analysis.corpus import values as V
@@ -196,6 +197,47 @@ def _chunks(rows: Iterator[CorpusRow], size: int, tok: Any, limit: int) -> Itera
         yield chunk
 
 
+@dataclass
+class TracedBatch:
+    """One batch's routes as the corpus statistics read them (`traced_batches`)."""
+
+    routes: Any  # the route reader's routes
+    topk: Any  # its top-k (None where the reader has none)
+    predicted: np.ndarray  # [rows, pos] the model's top-1 next token
+    vocab: int
+    ids: torch.Tensor  # [rows, pos] on the CPU
+    item: Any  # the caller's own data for the batch
+
+
+def traced_batches(model: Any, reader: Any, batches: Iterable[tuple[torch.Tensor, Any]],
+                   ablation: Ablation = NO_ABLATION) -> Iterator[TracedBatch]:
+    """Each (ids on the CPU, item) batch's routes, read one batch behind: batch b + 1's forward is
+    launched before batch b's trace is read, so a GPU computes the next forward while the CPU reads
+    and counts this one (its copies come back without a wait: `tracing(wait=False)`, `host_copy`).
+    On a CPU every forward has finished when it returns: the same order, nothing overlaps. The
+    batches come out in the order they went in, with the very numbers of one batch at a time."""
+    def launch(x: torch.Tensor, item: Any) -> tuple:
+        with tracing(reader.sites, wait=False) as tr:
+            logits = model(x, ablation=ablation).logits
+        predicted, done = host_copy(logits.argmax(-1))
+        return tr, predicted, done, int(logits.shape[-1]), x, item
+
+    def read(tr, predicted, done, vocab, x, item) -> TracedBatch:
+        if done is not None:
+            done.synchronize()
+        return TracedBatch(reader.routes(tr), reader.topk(tr) if reader.topk is not None else None,
+                           predicted.numpy(), vocab, x, item)
+
+    pending = None
+    for x, item in batches:
+        launched = launch(x, item)
+        if pending is not None:
+            yield read(*pending)
+        pending = launched
+    if pending is not None:
+        yield read(*pending)
+
+
 class Stopped(Exception):
     """A corpus run stopped on request (`stop()` returned True)."""
 
@@ -221,41 +263,46 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
     stats: S.RouteStats | V.ValueStats | None = None if layout.routes else V.ValueStats(layout)
     notes: list[str] = list(data.notes)
     done = 0
-    for encoded in _chunks(iter(data), settings.chunk_size, tokenizer, limit):
-        chunk, ids = [r for r, _ in encoded], [x for _, x in encoded]
-        del encoded
-        for r, x in zip(chunk, ids):
-            if not x:
-                raise ValueError(f"{data.name}: row {r.row_id}: the text encodes to no tokens")
-        order = sorted(range(len(chunk)), key=lambda k: len(ids[k]))
-        for s in range(0, len(order), settings.batch_size):
-            if stop is not None and stop():
-                raise Stopped()
-            part = order[s:s + settings.batch_size]
-            lengths = [len(ids[k]) for k in part]
-            T = max(lengths)
-            x = torch.tensor([ids[k] + [pad] * (T - len(ids[k])) for k in part], device=model.device)
-            labels = [[chunk[k].labels[c] for k in part] for c in range(len(layout.label_columns))]
-            if reader is not None:
-                with tracing(reader.sites) as tr:
-                    out = model(x, ablation=ablation)
-                routes = reader.routes(tr)
-                topk = reader.topk(tr) if reader.topk is not None else None
-                if stats is None:
-                    k = topk.shape[-1] if topk is not None else 1
-                    layout = dataclasses.replace(layout, k=k)
-                    stats = S.RouteStats(layout, int(out.logits.shape[-1]))
-                stats.add(routes, lengths, input_ids=x.cpu().numpy(), predicted=out.logits.argmax(-1).cpu().numpy(),
-                          topk=topk, labels=labels)
-            else:
-                with tracing() as tr:
-                    model(x, ablation=ablation)
-                views = family.views(tr, model)
-                parts, batch_notes = family.export(tr, model, len(part), views)
-                notes += [n for n in batch_notes if n not in notes]
-                parts = [p for p in parts if len(p)]
-                stats.add(pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(), lengths, labels)
-            done += len(part)
+
+    def batches() -> Iterator[tuple[torch.Tensor, tuple[list[int], list[list[Any]]]]]:
+        """(ids on the CPU, (lengths, labels per label column)) of each batch, rows sorted by length."""
+        for encoded in _chunks(iter(data), settings.chunk_size, tokenizer, limit):
+            chunk, ids = [r for r, _ in encoded], [x for _, x in encoded]
+            del encoded
+            for r, x in zip(chunk, ids):
+                if not x:
+                    raise ValueError(f"{data.name}: row {r.row_id}: the text encodes to no tokens")
+            order = sorted(range(len(chunk)), key=lambda k: len(ids[k]))
+            for s in range(0, len(order), settings.batch_size):
+                if stop is not None and stop():
+                    raise Stopped()
+                part = order[s:s + settings.batch_size]
+                lengths = [len(ids[k]) for k in part]
+                T = max(lengths)
+                x = torch.tensor([ids[k] + [pad] * (T - len(ids[k])) for k in part])
+                yield x, (lengths, [[chunk[k].labels[c] for k in part] for c in range(len(layout.label_columns))])
+
+    if reader is not None:
+        for b in traced_batches(model, reader, batches(), ablation):
+            lengths, labels = b.item
+            if stats is None:
+                k = b.topk.shape[-1] if b.topk is not None else 1
+                layout = dataclasses.replace(layout, k=k)
+                stats = S.RouteStats(layout, b.vocab)
+            stats.add(b.routes, lengths, input_ids=b.ids.numpy(), predicted=b.predicted, topk=b.topk, labels=labels)
+            done += len(lengths)
+            if progress is not None:
+                progress(done)
+    else:
+        for x, (lengths, labels) in batches():
+            with tracing() as tr:
+                model(x, ablation=ablation)
+            views = family.views(tr, model)
+            parts, batch_notes = family.export(tr, model, len(lengths), views)
+            notes += [n for n in batch_notes if n not in notes]
+            parts = [p for p in parts if len(p)]
+            stats.add(pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(), lengths, labels)
+            done += len(lengths)
             if progress is not None:
                 progress(done)
     description = reader.description if reader is not None else (

@@ -19,7 +19,7 @@ import streamlit as st
 from routescope.analysis.corpus import stats as S
 from routescope.analysis.corpus import data as D
 from routescope.analysis.runs.catalog import checkpoint_roots, list_checkpoints
-from routescope.analysis.corpus.columns import column_help
+from routescope.analysis.corpus.columns import column_help, named_compared
 from routescope.analysis.corpus.page import SECTIONS, frame_bytes
 from routescope.analysis.corpus.run import CorpusSettings, corpus_views, layout_of, provenance
 from routescope.core_models.runtime import NO_ABLATION, Ablation
@@ -171,7 +171,9 @@ def _downloads(result, tables: dict, compared: dict | None, other, why: str | No
     carry the provenance (checkpoints, weights digests, dataset digest, ablation, settings)."""
     meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
     files = {name: (file_stem(result), df) for name, df in tables.items()}
-    files |= {f"compare_{name}": (file_stem(result, other), df) for name, df in (compared or {}).items()}
+    if compared:  # columns named by checkpoint, as the view shows them
+        named = named_compared(compared, (result.model, other.model))
+        files |= {f"compare_{name}": (file_stem(result, other), df) for name, df in named.items()}
     both = file_stem(result, other if compared else None)
     under = "" if result.ablation.is_empty else f" under `{result.ablation.summary(2)}`"
     with st.expander(f"Download the tables of {result.dataset} through {result.model}{under} (CSV, Parquet), the "

@@ -59,3 +59,28 @@ def test_hf_moe_corpus_counts_every_pick(model_type, tokenizer, tmp_path):
         assert got == {key: slots.get(key, 0) for key in got}
     else:  # a pick within float noise may differ between a padded batch and a prompt alone
         assert sum(got.values()) == sum(slots.values())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_pipelined_batches_equal_one_forward_per_batch_in_order(device, tokenizer, tmp_path):
+    """`traced_batches` launches batch b + 1 before reading batch b: what it yields, in order, must be
+    each batch's own forward read alone (routes, top-k, predicted tokens, the caller's item). On CUDA
+    the copies come back without a wait, so a read before its copy finished would differ."""
+    from routescope.analysis.corpus.run import traced_batches
+
+    hf = hf_model("olmoe", tokenizer.get_vocab_size())
+    model, _ = load_checkpoint(save_hf(hf, tmp_path / "olmoe", tokenizer), device=device)
+    reader = route_reader(model)
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, model.vocab_size, (r, t), generator=gen), f"batch {i}")
+               for i, (r, t) in enumerate([(2, 7), (3, 5), (1, 9), (2, 4)])]
+    got = list(traced_batches(model, reader, iter(batches)))
+    assert [b.item for b in got] == [item for _, item in batches]
+    for b, (x, _) in zip(got, batches):
+        with torch.inference_mode(), tracing(reader.sites) as tr:
+            logits = model(x).logits
+        assert torch.equal(b.ids, x) and b.vocab == logits.shape[-1]
+        np.testing.assert_array_equal(b.predicted, logits.argmax(-1).cpu().numpy())
+        np.testing.assert_array_equal(np.asarray(b.topk), np.asarray(reader.topk(tr)))
+        np.testing.assert_array_equal(b.routes, reader.routes(tr))

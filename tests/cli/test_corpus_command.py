@@ -4,13 +4,16 @@ with nothing written."""
 from __future__ import annotations
 
 import json
+
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from routescope.analysis.corpus import stats as S
 from routescope.analysis.corpus import data as D
+from routescope.analysis.corpus.columns import named_compared
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
 from routescope.analysis.export.tables import csv_kinds, read_frame_csv
 from routescope.cli.main import main
@@ -51,6 +54,20 @@ def test_tables_page_and_comparison(tmp_path, capsys):
     a = want["papaformer-gumbel-v1"]
     compared = S.compare_tables(a, want["papaformer-gumbel-v2"])
     expected = {**a, **{f"compare_{k}": v for k, v in compared.items()}}
+    # the compared files name each measure's checkpoint (no `_a` / `_b`), values as compare_tables gives them
+    raw = compared["utilisation"]
+    back = read_frame_csv(out / "compare_utilisation.csv",
+                          csv_kinds(named_compared({"utilisation": raw}, ("papaformer-gumbel-v1", "papaformer-gumbel-v2"))[
+                              "utilisation"]))
+    for side, name in (("a", "papaformer-gumbel-v1"), ("b", "papaformer-gumbel-v2")):
+        np.testing.assert_array_equal(back[f"slot_share ({name})"], raw[f"slot_share_{side}"])
+    np.testing.assert_allclose(back["slot_share (papaformer-gumbel-v2 − papaformer-gumbel-v1)"],
+                               raw["slot_share_diff"], rtol=1e-12)
+    assert not any(str(c).endswith(("_a", "_b", "_diff")) for c in back.columns if c not in ("layer_a", "layer_b",
+                                                                                              "option_a", "option_b"))
+    expected = {k: (v if not k.startswith("compare_") else named_compared({k[8:]: v}, ("papaformer-gumbel-v1",
+                                                                                       "papaformer-gumbel-v2"))[k[8:]])
+                for k, v in expected.items()}
     expected.pop("summary")  # holds the run's seconds
     for name, df in expected.items():
         back = read_frame_csv(out / f"{name}.csv", csv_kinds(df))

@@ -180,5 +180,7 @@ def test_corpus_view_routes_an_uploaded_tsv_beside_a_second_checkpoint(app_url, 
         page.get_by_role("button", name="compare_utilisation.csv", exact=True).click()
     path = tmp_path / dl.value.suggested_filename
     dl.value.save_as(path)
-    assert {"slot_share_a", "slot_share_b", "slot_share_diff", "dead_a", "dead_b"} <= set(read_frame_csv(path).columns)
+    a, b = "papaformer-gumbel-v2", "papaformer-gumbel-v1"  # the downloaded columns say which checkpoint
+    assert {f"slot_share ({a})", f"slot_share ({b})", f"slot_share ({b} − {a})", f"dead ({a})", f"dead ({b})"
+            } <= set(read_frame_csv(path).columns)
     page.close()
