@@ -228,12 +228,11 @@ def _synchronous_copies(fn: Callable[..., Any], *args: Any) -> Any:
     its copies went asynchronous): the same work, one wait for the GPU per recorded site."""
     from routescope.core_models import runtime
 
-    kept = runtime._record_async
-    runtime._record_async = runtime._record
+    runtime.Trace.deferred_copies = False
     try:
         return fn(*args)
     finally:
-        runtime._record_async = kept
+        runtime.Trace.deferred_copies = True
 
 
 def _traced(model: Any, ids: torch.Tensor, tracing: Any) -> None:
@@ -244,23 +243,16 @@ def _traced(model: Any, ids: torch.Tensor, tracing: Any) -> None:
 
 def _corpus(model: Any, batches: list[torch.Tensor], overlap: bool = True) -> None:
     """RouteScope's corpus statistics over `batches` (ids on the CPU, as a corpus's text gives them),
-    through `run_corpus`'s own batch loop (`traced_batches`). `overlap=False` hands that loop one batch
-    at a time, so no forward overlaps the reading of the one before: the same code, unpipelined."""
-    import dataclasses
-
-    from routescope.analysis.corpus import stats as S
-    from routescope.analysis.corpus.run import layout_of, traced_batches
+    through `run_corpus`'s own counting loop (`route_stats`). `overlap=False` hands that loop one batch
+    at a time, so nothing overlaps: the same code, unpipelined."""
+    from routescope.analysis.corpus.run import layout_of, route_stats
     from routescope.analysis.runs.families import route_reader
 
-    reader, layout, stats = route_reader(model), layout_of(model, []), None
-    groups = [[(x, None) for x in batches]] if overlap else [[(x, None)] for x in batches]
+    reader, layout = route_reader(model), layout_of(model, [])
+    items = [(x, ([x.shape[1]] * len(x), [])) for x in batches]
     with torch.inference_mode():
-        for group in groups:
-            for b in traced_batches(model, reader, group):
-                if stats is None:
-                    stats = S.RouteStats(dataclasses.replace(layout, k=b.topk.shape[-1]), b.vocab)
-                stats.add(b.routes, [b.ids.shape[1]] * len(b.ids), input_ids=b.ids.numpy(), predicted=b.predicted,
-                          topk=b.topk, labels=[])
+        for group in ([items] if overlap else [[i] for i in items]):
+            route_stats(model, reader, group, layout)
 
 
 def _importance(model: Any, tok: Any, path: Path, emit: Callable[..., None]) -> None:

@@ -421,7 +421,16 @@ class Trace:
     Each visit stores a detached CPU copy (float32 for a bfloat16/float16 model), wherever the
     model runs. Calls made during generation append one record per
     step; `trace[name]` concatenates records of sites with a position axis along that axis.
+
+    On a GPU a visit only clones the tensor on the device (one kernel, no wait). The clones go to
+    pinned host memory together, one copy per dtype, when the trace is read, when `tracing` exits,
+    or when they pass `DEVICE_BYTES`; reading waits for that copy. A visit used to allocate pinned
+    memory, copy and record an event of its own: about 100 us of launch time per site on an H200,
+    3.3 ms of a 16-layer forward that launches in 21 ms (session 35).
     """
+
+    DEVICE_BYTES = 64 << 20  # clones held on the device before they are sent to the host
+    deferred_copies = True  # False: each CUDA record copied to the CPU at its visit, with a wait
 
     def __init__(self, sites: list[str] | tuple[str, ...] | None = None,
                  edits: dict[str, SiteEdit] | None = None) -> None:
@@ -430,7 +439,10 @@ class Trace:
         self._records: dict[str, list[torch.Tensor]] = {}
         self.pos_axis: dict[str, int | None] = {}
         self.shapes: dict[str, str] = {}
-        self._pending: torch.cuda.Event | None = None  # the last device-to-host copy still in flight
+        self._on_device: list[tuple[list, int, torch.Tensor]] = []  # (record list, index, device clone)
+        self._device_bytes = 0
+        # (pinned host buffer, [(record list, index, shape, offset)], event) per copy still in flight
+        self._in_flight: list[tuple[torch.Tensor, list[tuple[list, int, torch.Size, int]], torch.cuda.Event]] = []
 
     @property
     def records(self) -> dict[str, list[torch.Tensor]]:
@@ -438,11 +450,36 @@ class Trace:
         self.settle()
         return self._records
 
+    def send(self) -> None:
+        """Start copying the device clones to the host, one copy per (device, dtype), without a wait."""
+        groups: dict[tuple[torch.device, torch.dtype], list[tuple[list, int, torch.Tensor]]] = {}
+        for rec in self._on_device:
+            groups.setdefault((rec[2].device, rec[2].dtype), []).append(rec)
+        self._on_device, self._device_bytes = [], 0
+        for (device, dtype), group in groups.items():
+            with torch.cuda.device(device):
+                flat = torch.cat([t.reshape(-1) for _, _, t in group])
+                host = torch.empty(flat.shape, dtype=dtype, pin_memory=True)
+                host.copy_(flat, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+            slots, offset = [], 0
+            for recs, i, t in group:
+                slots.append((recs, i, t.shape, offset))
+                offset += t.numel()
+            self._in_flight.append((host, slots, done))
+
     def settle(self) -> None:
-        """Wait for the device-to-host copies this trace started (a no-op when none is in flight)."""
-        if self._pending is not None:
-            self._pending.synchronize()
-            self._pending = None
+        """Wait for the device-to-host copies of this trace's records and put each in its place (a
+        no-op when none is on the device or in flight)."""
+        if self._on_device:
+            self.send()
+        for host, slots, done in self._in_flight:
+            done.synchronize()
+            for recs, i, shape, offset in slots:
+                v = host[offset:offset + shape.numel()].view(shape)  # a copy of its own: the pinned
+                recs[i] = v.float() if v.dtype in _REDUCED else v.clone()  # buffer goes back to torch's cache
+        self._in_flight = []
 
     def wants(self, name: str) -> bool:
         return self.wanted is None or name in self.wanted or name in self.edits
@@ -457,10 +494,13 @@ class Trace:
                 recs = self._records[name] = []
                 self.pos_axis[name] = pos_axis
                 self.shapes[name] = shape
-            if x.is_cuda:  # copied without waiting for the GPU: the forward goes on; reads settle first
-                recs.append(_record_async(x))
-                self._pending = torch.cuda.Event()
-                self._pending.record()
+            if x.is_cuda and self.deferred_copies:  # a device clone now, sent to the host with the others
+                clone = x.detach().clone()
+                self._on_device.append((recs, len(recs), clone))
+                recs.append(clone)  # replaced by its host copy when the trace settles
+                self._device_bytes += clone.numel() * clone.element_size()
+                if self._device_bytes > self.DEVICE_BYTES:
+                    self.send()
             else:
                 recs.append(_record(x))
         return x
@@ -505,10 +545,9 @@ def _record(x: torch.Tensor) -> torch.Tensor:
 
 def _record_async(x: torch.Tensor) -> torch.Tensor:
     """`_record` of a CUDA tensor without a wait: widened on the device, copied into pinned host
-    memory on the current stream (later kernels that reuse `x`'s memory run after the copy). The
-    result is not to be read before the trace settles (`Trace.settle`). A synchronous copy would make
-    the CPU wait for the GPU at every recorded site, leaving the GPU idle while the next layer's
-    kernels are launched (benchmarks/bench_gpu.py measures both)."""
+    memory on the current stream (later kernels that reuse `x`'s memory run after the copy). Not to
+    be read before an event recorded after it completes (`host_copy`). A synchronous copy would make
+    the CPU wait for the GPU, leaving it idle while the next kernels are launched."""
     src = x.detach()
     if src.dtype in _REDUCED:
         src = src.float()
@@ -542,8 +581,7 @@ def tracing(sites: list[str] | tuple[str, ...] | None = None,
         yield tr
     finally:
         _TRACE.reset(token)
-        if wait:
-            tr.settle()
+        tr.settle() if wait else tr.send()
 
 
 def active_trace() -> Trace | None:

@@ -297,14 +297,18 @@ def topk_reader(describe: Callable[[RouteScopeLM], str]) -> Callable[[RouteScope
         roles = [model.routing_modules[l].roles for l in layers]
 
         def routes(tr: Any) -> np.ndarray:  # (L, B, T)
-            out = []
-            for r in roles:
-                idx, w = tr[r[INDICES]], tr[r[WEIGHTS]].float()
-                out.append(idx.gather(-1, w.argmax(-1, keepdim=True))[..., 0].cpu().numpy())
+            idx, w = [tr[r[INDICES]] for r in roles], [tr[r[WEIGHTS]] for r in roles]
+            if len({(i.shape, x.shape) for i, x in zip(idx, w)}) == 1:  # one gather over every layer at once
+                first = torch.stack(idx).gather(-1, torch.stack(w).float().argmax(-1, keepdim=True))[..., 0]
+                return first.numpy().astype(np.int64) + 1
+            out = [i.gather(-1, x.float().argmax(-1, keepdim=True))[..., 0].numpy() for i, x in zip(idx, w)]
             return np.stack(out).astype(np.int64) + 1
 
         def topk(tr: Any) -> np.ndarray:  # (L, B, T, k): every pick; a layer with a smaller k padded with 0
-            idx = [tr[r[INDICES]].cpu().numpy().astype(np.int64) + 1 for r in roles]
+            idx = [tr[r[INDICES]] for r in roles]
+            if len({i.shape for i in idx}) == 1:
+                return torch.stack(idx).numpy().astype(np.int64) + 1
+            idx = [i.numpy().astype(np.int64) + 1 for i in idx]
             k = max(i.shape[-1] for i in idx)
             return np.stack([np.pad(i, [(0, 0)] * (i.ndim - 1) + [(0, k - i.shape[-1])]) for i in idx])
 
