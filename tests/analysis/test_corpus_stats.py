@@ -472,3 +472,22 @@ def test_compare_tables_sets_both_side_by_side_with_the_difference(data):
     assert keys(sp) == keys(ta["specialisation"]) | keys(tb["specialisation"])
     only_a = keys(ta["specialisation"]) - keys(tb["specialisation"])
     assert sp.set_index(["layer", "option", "by", "token"]).loc[list(only_a), "count_b"].isna().all()
+
+
+def test_key_counts_merged_in_several_compactions_equal_a_plain_count():
+    """The sparse counter merges sorted runs (its compaction); compacting after every batch, at the
+    end only, or never in between gives the counts of a plain Counter."""
+    from collections import Counter
+
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 5000, rng.integers(0, 400)) for _ in range(12)]
+    want = Counter(int(k) for b in batches for k in b)
+    for every in (1, 3, len(batches)):
+        kc = S.KeyCounts(10**9)
+        assert kc.dense is None
+        for i, b in enumerate(batches):
+            kc.add(b)
+            if (i + 1) % every == 0:
+                kc._compact()
+        keys, counts = kc.items()
+        assert keys.tolist() == sorted(want) and counts.tolist() == [want[k] for k in sorted(want)]
