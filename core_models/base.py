@@ -115,10 +115,13 @@ class RouteScopeLM(nn.Module):
     def forward(self, idx: torch.Tensor, *, ablation: Ablation | None = None, routing: str = "deterministic",
                 seed: int | None = None, generator: torch.Generator | None = None,
                 cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
-                row_ablations: tuple[Ablation, ...] | list[Ablation] | None = None, **options) -> LMOutput:
+                row_ablations: tuple[Ablation, ...] | list[Ablation] | None = None, float_logits: bool = True,
+                **options) -> LMOutput:
         """Logits of `idx` (B, T). `options`: the family's own per-call options (`run_options()`,
         e.g. Wiola's atm / atm_tau); None means the model's default. `row_ablations`: one ablation per
-        row (B of them), where the family supports it (`row_ablations_supported`), instead of `ablation`."""
+        row (B of them), where the family supports it (`row_ablations_supported`), instead of `ablation`.
+        `float_logits=False`: the logits as the model computes them (bfloat16 for a bfloat16 HF model)
+        for callers that only rank them, without a float32 copy of [B, T, vocab] beside them."""
         self.check_input(idx, cache)
         if row_ablations is not None:
             row_ablations = self.check_row_ablations(row_ablations, idx.shape[0], ablation, cache)
@@ -137,7 +140,8 @@ class RouteScopeLM(nn.Module):
         if generator is None and (routing == "sampled" or self.training):
             generator = torch.Generator().manual_seed(0 if seed is None else seed)
         state = RunState(ablation=ablation, routing=routing, generator=generator, cache=cache,
-                         training=self.training, pad_mask=pad_mask, options=options, row_ablations=row_ablations)
+                         training=self.training, pad_mask=pad_mask, options=options, row_ablations=row_ablations,
+                         float_logits=float_logits)
         with runtime.running(state):
             logits = self._forward(idx)
         if cache is not None:

@@ -592,7 +592,7 @@ class HFModel(RouteScopeLM):
 
         if balance and getattr(out, "aux_loss", None) is not None:
             st.aux[LOAD_BALANCE] = out.aux_loss
-        return out.logits.float()
+        return out.logits.float() if st.float_logits else out.logits
 
     # --- prefix reuse: a forward restarted at a routing layer's decoder layer ----------------------
     @property

@@ -389,6 +389,7 @@ class RunState:
     # the Gumbel temperature of a training step); absent = the model's default
     options: dict[str, Any] = field(default_factory=dict)
     aux: dict[str, torch.Tensor] = field(default_factory=dict)  # auxiliary losses collected per call
+    float_logits: bool = True  # False: logits in the dtype the model computes them (read by HF models)
 
 
 _RUN: ContextVar[RunState | None] = ContextVar("routescope_run", default=None)

@@ -218,7 +218,7 @@ def traced_batches(model: Any, reader: Any, batches: Iterable[tuple[torch.Tensor
     batches come out in the order they went in, with the very numbers of one batch at a time."""
     def launch(x: torch.Tensor, item: Any) -> tuple:
         with tracing(reader.sites, wait=False) as tr:
-            logits = model(x, ablation=ablation).logits
+            logits = model(x, ablation=ablation, float_logits=False).logits  # ranked only: widening is exact
         predicted, done = host_copy(logits.argmax(-1))
         return tr, predicted, done, int(logits.shape[-1]), x, item
 

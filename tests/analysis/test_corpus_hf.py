@@ -84,3 +84,15 @@ def test_pipelined_batches_equal_one_forward_per_batch_in_order(device, tokenize
         np.testing.assert_array_equal(b.predicted, logits.argmax(-1).cpu().numpy())
         np.testing.assert_array_equal(np.asarray(b.topk), np.asarray(reader.topk(tr)))
         np.testing.assert_array_equal(b.routes, reader.routes(tr))
+
+
+def test_logits_as_computed_widen_to_the_float32_logits(tokenizer, tmp_path):
+    """`float_logits=False` (the corpus ranks logits only) returns the model's own bfloat16 logits:
+    widened, they are the default float32 logits bit for bit, so their argmax is the same."""
+    hf = hf_model("olmoe", tokenizer.get_vocab_size()).to(torch.bfloat16)
+    model, _ = load_checkpoint(save_hf(hf, tmp_path / "olmoe", tokenizer), dtype="bfloat16")
+    x = torch.randint(0, model.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        full, raw = model(x).logits, model(x, float_logits=False).logits
+    assert full.dtype == torch.float32 and raw.dtype == torch.bfloat16
+    assert torch.equal(raw.float(), full) and torch.equal(raw.argmax(-1), full.argmax(-1))
