@@ -209,17 +209,15 @@ class Sums:
 class _Positions:
     """The unablated next-token distributions of one batch at its predicted positions (each row's
     positions but its last; padding never enters), and the effects of an ablated run against them.
-    An ablated run's logits z are taken a chunk of positions at a time (`CHUNK_LOGITS` values) and
-    reduced while the chunk is in the CPU's cache, in three passes over it and without a
-    log-probability tensor: m = max z, lse = logsumexp z, and p0 . z (a batched dot product). Then
-    delta NLL = log p0(target) - (z[target] - lse); KL(p0 || q) = p0 . log p0 - (p0 . z - lse * sum p0)
-    (= sum p0 (log p0 - log q), with log q = z - lse); a flip where the unablated top-1 token's logit is
-    below m (an exact tie keeps it). No vocabulary-sized tensor of the whole batch is made. From final
-    hidden states (`effects_of_hidden`) each chunk's logits come from the output embedding itself, at
-    the predicted positions only. The unablated terms are taken by the very same operations, so an
-    ablation that changes no logit gives exactly 0. (p0 . z taken as h . (p0 W) would save a pass
-    over the chunk, but it mixes exact and float32-rounded logits: on olmoe-tiny KL then moved by
-    ~3e-5 nats per position from KL of float64 logits.)"""
+    An ablated run's logits are taken a chunk of positions at a time (`CHUNK_LOGITS` values) and
+    reduced while the chunk is in the CPU's cache, with one log_softmax per chunk: delta NLL from the
+    target's log-probability, KL(p0 || q) = p0 . log p0 - p0 . log q, a flip where the unablated top-1
+    token's logit is below the chunk's largest (an exact tie keeps it). No vocabulary-sized tensor of
+    the whole batch is made. From final hidden states (`effects_of_hidden`) each chunk's logits come
+    from the output embedding itself, at the predicted positions only. The unablated terms are taken
+    the same way, so an ablation that changes no logit gives exactly 0. (p0 . z taken as h . (p0 W)
+    would save a pass over the chunk, but it mixes exact and float32-rounded logits: on olmoe-tiny KL
+    then moved by ~3e-5 nats per position from KL of float64 logits, against ~1e-7 from the chunk.)"""
 
     def __init__(self, logits: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor,
                  head: torch.nn.Module | None = None) -> None:
@@ -231,21 +229,13 @@ class _Positions:
         self.rows, self.T = R, T
         self.target = x.reshape(-1).to(dev)[self.flat + 1]
         z = logits.reshape(R * T, -1).index_select(0, self.flat).float()  # [N, V]
-        self.p = torch.softmax(z, -1)
-        self.p_sum = self.p.sum(-1)
+        lp = torch.log_softmax(z, -1)
+        self.p = lp.exp()
+        self.p_log_p = (lp * self.p).sum(-1)
+        self.log_p = lp.gather(-1, self.target[:, None])[:, 0]
         self.top = z.argmax(-1)
-        self.log_p, _, self.p_log_p, _ = self._terms(z, slice(None))
         self.chunk = max(1, CHUNK_LOGITS // z.shape[-1])
         self.head = head
-
-    def _terms(self, z: torch.Tensor, part: slice) -> tuple[torch.Tensor, ...]:
-        """(log q(target), lse, p0 . log q, top-1 flipped) of logits z [c, V] at positions `part`."""
-        lse = torch.logsumexp(z, -1)
-        p = self.p[part]
-        p_dot_z = torch.bmm(p[:, None, :], z[:, :, None])[:, 0, 0]
-        log_q_target = z.gather(-1, self.target[part, None])[:, 0] - lse
-        flipped = z.gather(-1, self.top[part, None])[:, 0] < z.amax(-1)
-        return log_q_target, lse, p_dot_z - lse * self.p_sum[part], flipped
 
     @property
     def nll(self) -> torch.Tensor:
@@ -261,10 +251,11 @@ class _Positions:
         d_nll, kl, flips = (torch.empty(n, device=self.p.device) for _ in range(3))
         for s in range(0, n, self.chunk):
             part = slice(s, s + self.chunk)
-            log_q_target, _, p_log_q, flipped = self._terms(chunk(part), part)
-            d_nll[part] = self.log_p[part] - log_q_target
-            kl[part] = self.p_log_p[part] - p_log_q
-            flips[part] = flipped
+            z = chunk(part)
+            lq = torch.log_softmax(z, -1)
+            d_nll[part] = self.log_p[part] - lq.gather(-1, self.target[part, None])[:, 0]
+            kl[part] = self.p_log_p[part] - (lq * self.p[part]).sum(-1)
+            flips[part] = z.gather(-1, self.top[part, None])[:, 0] < z.amax(-1)
         return self.per_row(d_nll), self.per_row(kl), self.per_row(flips)
 
     def effects(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
