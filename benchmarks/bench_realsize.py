@@ -11,8 +11,8 @@ two runs:
 
 - plain: `AutoModelForCausalLM.from_pretrained(dtype="auto", trust_remote_code=False)`, a forward of 64 tokens, a forward
   over the corpus batches (4 x 64 tokens each);
-- routescope: `rs.load` (dtype auto), pick -> first routing heatmap (load, a traced 64-token
-  prompt pass with its views, the figures drawn), a drop toggle (the same prompt with one expert
+- routescope: `rs.load` (dtype auto), pick -> first routing heatmap (load, a traced prompt pass of
+  the same 64 tokens as plain's forward, `prompt_of`, with its views, the figures drawn), a drop toggle (the same prompt with one expert
   dropped, views included), the corpus statistics over the same batches, and `routescope export`
   of one 64-token prompt as its own process.
 
@@ -100,6 +100,26 @@ def build(path: Path, layers: int, device: str = "cpu", shape: dict | None = Non
     return total
 
 
+# words of the project's own tokenizer (the benchmark's checkpoints carry it; a random id above its
+# 4,096 entries decodes to nothing, so a prompt made by decoding random ids of the model's 50,304
+# would shrink to a few tokens on the RouteScope side, as it did before session 35)
+PROMPT_TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
+               "with her friends. One day, she found a big red ball under a tree. Solve this problem: find the "
+               "largest prime number less than one hundred and explain each step of the reasoning. ") * 2
+
+
+def prompt_of(tok: Any) -> tuple[str, list[int]]:
+    """A text that encodes to exactly TOKENS tokens, and those tokens (a `tokenizers.Tokenizer`):
+    both sides run the very same ids, the plain side as ids, RouteScope's from the text."""
+    enc = tok.encode(PROMPT_TEXT).ids
+    for n in range(TOKENS, TOKENS + 16):
+        text = tok.decode(enc[:n])
+        ids = tok.encode(text).ids
+        if len(ids) == TOKENS:
+            return text, ids
+    raise ValueError(f"no prefix of the prompt text encodes to {TOKENS} tokens")
+
+
 def _batches(vocab: int) -> list[torch.Tensor]:
     return [C.random_ids(TOKENS, vocab, seed=10 + b, batch=CORPUS_ROWS) for b in range(CORPUS_BATCHES)]
 
@@ -120,7 +140,10 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
             model, tok = rs.load(path)
             vocab = model.vocab_size
         out["load_s"] = time.perf_counter() - t0
-        ids = C.random_ids(TOKENS, vocab, seed=1)
+        from tokenizers import Tokenizer
+
+        prompt, prompt_ids = prompt_of(Tokenizer.from_file(str(Path(path) / "tokenizer.json")))
+        ids = torch.tensor([prompt_ids])
         if side == "plain":
             with torch.inference_mode():
                 model(ids)  # warm-up
@@ -139,8 +162,8 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
             from routescope.rendering.drawers import draw_run
             from routescope.core_models.runtime import Ablation
 
-            prompt = tok.decode(ids[0].tolist())
             settings = RunSettings(max_new_tokens=0)
+            out["prompt_tokens"] = len(tok.encode(prompt).ids)  # what run_prompt encodes: TOKENS, as plain's
             t0 = time.perf_counter()
             run = run_prompt(model, tok, prompt, settings=settings)
             figs, _ = draw_run(run, model)
@@ -182,7 +205,9 @@ def mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def export_seconds(path: Path, out: Path) -> float:
-    prompt = " ".join(["the"] * TOKENS)
+    from tokenizers import Tokenizer
+
+    prompt, _ = prompt_of(Tokenizer.from_file(str(path / "tokenizer.json")))
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "routescope.cli.main", "export", str(path), "--prompt", prompt, "--out",
                     str(out), "--quiet"], check=True, capture_output=True, timeout=3600)
@@ -205,6 +230,7 @@ def run(args) -> C.Report:
             runs[side].append(C.run_child("benchmarks.bench_realsize", {"path": str(path), "side": side},
                                           args.threads, 7200))
         plain, ours = (mean_of(runs[s]) for s in ("plain", "routescope"))
+        assert ours["prompt_tokens"] == TOKENS, f"RouteScope's prompt has {ours['prompt_tokens']} tokens"
         export = export_seconds(path, root / f"export-{layers}l.csv")
         n = sum(json.loads((path / "model.safetensors.index.json").read_text())["metadata"].values()) / 2
         name = f"OLMoE shape, {layers} layers"
