@@ -68,3 +68,16 @@ def save_hf(model, path: Path, tokenizer=None) -> Path:
     if tokenizer is not None:
         tokenizer.save(str(path / "tokenizer.json"))
     return path
+
+
+def saved_models(tmp_path_factory, tokenizer):
+    """A module fixture's maker: model_type -> (tiny transformers model, its saved directory), each
+    built and saved once per module."""
+    made = {}
+
+    def make(model_type: str):
+        if model_type not in made:
+            m = hf_model(model_type, tokenizer.get_vocab_size())
+            made[model_type] = m, save_hf(m, tmp_path_factory.mktemp("hf") / f"tiny-{model_type}", tokenizer)
+        return made[model_type]
+    return make

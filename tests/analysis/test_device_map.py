@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_models import hf_model, save_hf
+from hf_models import saved_models
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.devices import parse_max_memory
 from routescope.core_models.generate import generate
@@ -20,12 +20,11 @@ TYPES = ("olmoe", "qwen2_moe", "deepseek_v3")  # plain top-k; a shared expert an
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, tokenizer):
     """model_type -> (model loaded whole, the same split over CPU and disk)."""
-    made = {}
+    made, saved = {}, saved_models(tmp_path_factory, tokenizer)
 
     def make(model_type: str):
         if model_type not in made:
-            m = hf_model(model_type, tokenizer.get_vocab_size())
-            path = save_hf(m, tmp_path_factory.mktemp("hf") / f"tiny-{model_type}", tokenizer)
+            m, path = saved(model_type)
             whole, _ = load_checkpoint(path, device="cpu", dtype="float32")
             # room for half the model (accelerate keeps the largest layer's size free besides): the
             # embedding and the first layers stay on the CPU, the rest must go to disk

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_models import MOE_TYPES, hf_model, save_hf
+from hf_models import MOE_TYPES, saved_models
 from routescope.analysis.export import columns as C
 from routescope.analysis.export.tables import read_csv
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
@@ -28,14 +28,7 @@ ROUTER = {"gpt_oss": "router"}  # the router's name in its MoE block (else "gate
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, tokenizer):
     """model_type -> (transformers model, its saved directory)."""
-    made = {}
-
-    def make(model_type: str):
-        if model_type not in made:
-            m = hf_model(model_type, tokenizer.get_vocab_size())
-            made[model_type] = m, save_hf(m, tmp_path_factory.mktemp("hf") / f"tiny-{model_type}", tokenizer)
-        return made[model_type]
-    return make
+    return saved_models(tmp_path_factory, tokenizer)
 
 
 def moe_layer_indices(model_type: str, cfg) -> list[int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_models import MOE_TYPES, hf_model, save_hf
+from hf_models import MOE_TYPES, saved_models
 from routescope.core_models.checkpoint import load_checkpoint
 from routescope.core_models.generate import generate
 from routescope.core_models.runtime import tracing
@@ -19,14 +19,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, tokenizer):
-    made = {}
-
-    def make(model_type: str):
-        if model_type not in made:
-            m = hf_model(model_type, tokenizer.get_vocab_size())
-            made[model_type] = m, save_hf(m, tmp_path_factory.mktemp("hf") / f"tiny-{model_type}", tokenizer)
-        return made[model_type]
-    return make
+    """model_type -> (transformers model, its saved directory)."""
+    return saved_models(tmp_path_factory, tokenizer)
 
 
 def own_routes(m, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
