@@ -18,11 +18,15 @@ two runs:
 
 Goals (issue 27): load <= 1.1x plain; peak anonymous memory <= 1.1x plain; pick -> heatmap <=
 plain load + 2 s; drop toggle <= 1.2x one plain forward + 300 ms; corpus throughput >= 0.95x plain
-forward; export <= 1.2x (plain load + forward).
+forward; export <= 1.2x (plain load + forward). The export is a process of its own, so its
+denominator is too: a plain transformers script that loads the checkpoint and runs the same 64 ids,
+started the same way (interpreter start and imports on both sides; the in-process figure, which
+leaves them out on the plain side only, is printed beside it).
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -204,14 +208,37 @@ def mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: (sum(r[k] for r in runs) / len(runs) if isinstance(v, (int, float)) else v) for k, v in runs[-1].items()}
 
 
-def export_seconds(path: Path, out: Path) -> float:
+PLAIN_SCRIPT = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype="auto", trust_remote_code=False)
+with torch.no_grad():
+    model(input_ids=torch.tensor([[int(i) for i in sys.argv[2].split(",")]]), use_cache=False)
+"""
+
+
+def _process_seconds(cmd: list[str]) -> float:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, timeout=3600, env=env, stdin=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def export_and_plain_process(path: Path, out: Path) -> tuple[float, float]:
+    """Seconds of `routescope export` of the 64-token prompt, and of a plain transformers script that
+    loads the checkpoint and runs the same 64 ids, each its own process started the same way
+    (interpreter start and imports included on both sides), in the order export, plain, plain,
+    export; each the mean of its two."""
     from tokenizers import Tokenizer
 
-    prompt, _ = prompt_of(Tokenizer.from_file(str(path / "tokenizer.json")))
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "routescope.cli.main", "export", str(path), "--prompt", prompt, "--out",
-                    str(out), "--quiet"], check=True, capture_output=True, timeout=3600)
-    return time.perf_counter() - t0
+    prompt, ids = prompt_of(Tokenizer.from_file(str(path / "tokenizer.json")))
+    export = [sys.executable, "-m", "routescope.cli.main", "export", str(path), "--prompt", prompt, "--out", str(out),
+              "--quiet"]
+    plain = [sys.executable, "-c", PLAIN_SCRIPT, str(path), ",".join(map(str, ids))]
+    times: dict[str, list[float]] = {"export": [], "plain": []}
+    for side in ("export", "plain", "plain", "export"):
+        times[side].append(_process_seconds(export if side == "export" else plain))
+    return sum(times["export"]) / 2, sum(times["plain"]) / 2
 
 
 def run(args) -> C.Report:
@@ -231,7 +258,7 @@ def run(args) -> C.Report:
                                           args.threads, 7200))
         plain, ours = (mean_of(runs[s]) for s in ("plain", "routescope"))
         assert ours["prompt_tokens"] == TOKENS, f"RouteScope's prompt has {ours['prompt_tokens']} tokens"
-        export = export_seconds(path, root / f"export-{layers}l.csv")
+        export, plain_process = export_and_plain_process(path, root / f"export-{layers}l.csv")
         n = sum(json.loads((path / "model.safetensors.index.json").read_text())["metadata"].values()) / 2
         name = f"OLMoE shape, {layers} layers"
         t.rows.append([name, f"{n / 1e9:.2f}B", "plain", f"{plain['load_s']:.1f}", f"{plain['forward_s']:.2f}", "-", "-",
@@ -250,9 +277,13 @@ def run(args) -> C.Report:
                    ours["toggle_s"] / (1.2 * plain["forward_s"] + 0.3)),
             C.Goal(f"{tag}.corpus", f"{name}: corpus throughput / plain forward's", ">=", 0.95,
                    ours["corpus_tok_s"] / plain["corpus_tok_s"]),
-            C.Goal(f"{tag}.export", f"{name}: export / (plain load + forward)", "<=", 1.2,
-                   export / (plain["load_s"] + plain["forward_s"])),
+            C.Goal(f"{tag}.export", f"{name}: export process / plain load + forward process", "<=", 1.2,
+                   export / plain_process),
         ]
+        t.notes.append(f"{name}: export {export:.1f} s as its own process; a plain transformers script loading the "
+                       f"checkpoint and running the same 64 ids {plain_process:.1f} s as its own process; plain load + "
+                       f"forward in-process (after imports) {plain['load_s'] + plain['forward_s']:.1f} s, "
+                       f"export / that = {export / (plain['load_s'] + plain['forward_s']):.2f}x")
     rep.tables.append(t)
     rep.notes.append(f"checkpoints under {root} (kept for reruns); shards written one per layer")
     return rep
