@@ -13,8 +13,9 @@ appended to --out, so a run cut short keeps what it measured):
   pick -> first heatmap (a traced prompt pass with its views and figures) and the drop toggle;
 - generate: 32 greedy tokens each;
 - corpus: plain forward (ids already on the GPU) vs RouteScope's corpus statistics over 4 batches
-  of 8 x 256 tokens (ids from the CPU, through run_corpus's own batch loop), pipelined as shipped,
-  one batch at a time, and with synchronous trace copies;
+  of 8 x 256 tokens (ids from the CPU, through run_corpus's own batch loop, the counts read back at
+  the end), pipelined and counted on the GPU as shipped, one batch at a time, and with the routes
+  counted on the CPU (session 35's way: the trace copied to the host, numpy counts);
 - device map: the model spread over the GPU (8 GiB) and the CPU by accelerate; its logits against
   the whole model's, and its forward time;
 - importance: one layer's 64 experts over 2,048 tokens, fast with 1 and 16 ablations per
@@ -192,14 +193,14 @@ def main() -> None:
         "plain": lambda: [plain(b) for b in on_device],
         "routescope": lambda: _corpus(model, batches),
         "routescope_one_at_a_time": lambda: _corpus(model, batches, overlap=False),
-        "routescope_sync_copies": lambda: _synchronous_copies(_corpus, model, batches),
+        "routescope_host_counts": lambda: _corpus(model, batches, host_counts=True),
     }, reps=5, warm=1)
     n = 4 * 8 * 256
     emit("corpus", plain_tok_s=n / corpus["plain"], routescope_tok_s=n / corpus["routescope"],
          ratio=corpus["plain"] / corpus["routescope"],
          one_at_a_time_ratio=corpus["plain"] / corpus["routescope_one_at_a_time"],
-         sync_copies_tok_s=n / corpus["routescope_sync_copies"],
-         sync_copies_ratio=corpus["plain"] / corpus["routescope_sync_copies"])
+         host_counts_tok_s=n / corpus["routescope_host_counts"],
+         host_counts_ratio=corpus["plain"] / corpus["routescope_host_counts"])
 
     if "device_map" not in skip:
         del plain
@@ -241,18 +242,26 @@ def _traced(model: Any, ids: torch.Tensor, tracing: Any) -> None:
     return tr
 
 
-def _corpus(model: Any, batches: list[torch.Tensor], overlap: bool = True) -> None:
+def _corpus(model: Any, batches: list[torch.Tensor], overlap: bool = True, host_counts: bool = False) -> None:
     """RouteScope's corpus statistics over `batches` (ids on the CPU, as a corpus's text gives them),
-    through `run_corpus`'s own counting loop (`route_stats`). `overlap=False` hands that loop one batch
-    at a time, so nothing overlaps: the same code, unpipelined."""
+    through `run_corpus`'s own counting loop (`route_stats`), every count read back to the host at
+    the end. `overlap=False` hands that loop one batch at a time, so nothing overlaps: the same code,
+    unpipelined. `host_counts`: a reader without tensors, so the routes come to the CPU and numpy
+    counts them there (session 35's way)."""
+    import dataclasses
+
+    from routescope.analysis.corpus import stats as S
     from routescope.analysis.corpus.run import layout_of, route_stats
     from routescope.analysis.runs.families import route_reader
 
     reader, layout = route_reader(model), layout_of(model, [])
+    if host_counts:
+        reader = dataclasses.replace(reader, tensors=None)
     items = [(x, ([x.shape[1]] * len(x), [])) for x in batches]
     with torch.inference_mode():
         for group in ([items] if overlap else [[i] for i in items]):
-            route_stats(model, reader, group, layout)
+            stats = route_stats(model, reader, group, layout)
+            stats.first, stats.co, [stats.spec[by].items() for by in S.BY_KINDS]  # the counts on the host
 
 
 def _importance(model: Any, tok: Any, path: Path, emit: Callable[..., None]) -> None:

@@ -434,8 +434,9 @@ class Trace:
     deferred_copies = True  # False: each CUDA record copied to the CPU at its visit, with a wait
 
     def __init__(self, sites: list[str] | tuple[str, ...] | None = None,
-                 edits: dict[str, SiteEdit] | None = None) -> None:
+                 edits: dict[str, SiteEdit] | None = None, *, on_device: bool = False) -> None:
         self.wanted = None if sites is None else frozenset(sites)
+        self.on_device = on_device  # records of an accelerator's tensors stay there, as computed (no host copy)
         self.edits = dict(edits or {})
         self._records: dict[str, list[torch.Tensor]] = {}
         self.pos_axis: dict[str, int | None] = {}
@@ -495,7 +496,9 @@ class Trace:
                 recs = self._records[name] = []
                 self.pos_axis[name] = pos_axis
                 self.shapes[name] = shape
-            if x.is_cuda and self.deferred_copies:  # a device clone now, sent to the host with the others
+            if self.on_device and not (x.is_cpu or x.is_meta):
+                recs.append(x.detach().clone())
+            elif x.is_cuda and self.deferred_copies:  # a device clone now, sent to the host with the others
                 clone = x.detach().clone()
                 self._on_device.append((recs, len(recs), clone))
                 recs.append(clone)  # replaced by its host copy when the trace settles
@@ -572,11 +575,13 @@ _TRACE: ContextVar[Trace | None] = ContextVar("routescope_trace", default=None)
 
 @contextlib.contextmanager
 def tracing(sites: list[str] | tuple[str, ...] | None = None,
-            edits: dict[str, SiteEdit] | None = None, *, wait: bool = True) -> Iterator[Trace]:
+            edits: dict[str, SiteEdit] | None = None, *, wait: bool = True, on_device: bool = False) -> Iterator[Trace]:
     """Record the named sites (None = all) of every forward in this context, in this thread.
     `wait=False`: leave without waiting for device-to-host copies still in flight (reading the trace
-    waits), so a caller can launch the next forward while a GPU finishes this one."""
-    tr = Trace(sites, edits)
+    waits), so a caller can launch the next forward while a GPU finishes this one. `on_device`: keep
+    an accelerator's records there, in the dtype computed, for a caller that reduces them there (a
+    GPU corpus counts its routes on the GPU)."""
+    tr = Trace(sites, edits, on_device=on_device)
     token = _TRACE.set(tr)
     try:
         yield tr

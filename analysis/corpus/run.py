@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
+from routescope.core_models.devices import model_device
 from routescope.core_models.runtime import NO_ABLATION, Ablation, host_copy, tracing
 
 from routescope.analysis.corpus import stats as S
@@ -201,9 +201,9 @@ def _chunks(rows: Iterator[CorpusRow], size: int, tok: Any, limit: int) -> Itera
 class TracedBatch:
     """One batch's routes as the corpus statistics read them (`traced_batches`)."""
 
-    routes: Any  # the route reader's routes
+    routes: Any  # the route reader's routes (L, B, T)
     topk: Any  # its top-k (None where the reader has none)
-    predicted: np.ndarray  # [rows, pos] the model's top-1 next token
+    predicted: Any  # [rows, pos] the model's top-1 next token
     vocab: int
     ids: torch.Tensor  # [rows, pos] on the CPU
     item: Any  # the caller's own data for the batch
@@ -213,16 +213,24 @@ def traced_batches(model: Any, reader: Any, batches: Iterable[tuple[torch.Tensor
                    ablation: Ablation = NO_ABLATION) -> Iterator[TracedBatch]:
     """Each (ids on the CPU, item) batch's routes, read one batch behind: batch b + 1's forward is
     launched before batch b's trace is read, so a GPU computes the next forward while the CPU reads
-    and counts this one (its copies come back without a wait: `tracing(wait=False)`, `host_copy`).
-    On a CPU every forward has finished when it returns: the same order, nothing overlaps. The
-    batches come out in the order they went in, with the very numbers of one batch at a time."""
+    and counts this one. On an accelerator, where the reader reads tensors (`RouteReader.tensors`),
+    the routes and predictions stay there as torch tensors (`tracing(on_device=True)`) for
+    `RouteStats` to count there, and nothing waits for the device; else they come back as numpy
+    arrays without a wait (`tracing(wait=False)`, `host_copy`). On a CPU every forward has finished
+    when it returns: the same order, nothing overlaps. The batches come out in the order they went
+    in, with the very numbers of one batch at a time."""
+    on_device = reader.tensors is not None and model_device(model).type != "cpu"
+
     def launch(x: torch.Tensor, item: Any) -> tuple:
-        with tracing(reader.sites, wait=False) as tr:
+        with tracing(reader.sites, wait=False, on_device=on_device) as tr:
             logits = model(x, ablation=ablation, float_logits=False).logits  # ranked only: widening is exact
-        predicted, done = host_copy(logits.argmax(-1))
+        predicted, done = (logits.argmax(-1), None) if on_device else host_copy(logits.argmax(-1))
         return tr, predicted, done, int(logits.shape[-1]), x, item
 
     def read(tr, predicted, done, vocab, x, item) -> TracedBatch:
+        if on_device:
+            routes, topk = reader.tensors(tr)
+            return TracedBatch(routes, topk, predicted, vocab, x, item)
         if done is not None:
             done.synchronize()
         return TracedBatch(reader.routes(tr), reader.topk(tr) if reader.topk is not None else None,
@@ -243,9 +251,10 @@ def route_stats(model: Any, reader: Any, batches: Iterable[tuple[torch.Tensor, t
                 progress: Callable[[int], None] | None = None) -> S.RouteStats | None:
     """Route statistics over `batches` ((ids on the CPU, (lengths, labels per label column)) each), or
     None when there are none, counted in order while the next batch's forward runs on a GPU
-    (`traced_batches`). `progress(rows counted)` after each batch. (Counting on a second thread was
-    measured slower on an H200: its numpy work holds the interpreter lock while this thread waits to
-    launch kernels, session 35.)"""
+    (`traced_batches`; on a GPU the counting is kernels queued behind it: in session 35 counting on
+    the CPU, 4-5 ms of numpy a batch, left the GPU waiting for the next launch, and a second counting
+    thread was slower still, its numpy holding the interpreter lock while this one waited to launch).
+    `progress(rows counted)` after each batch."""
     stats: S.RouteStats | None = None
     done = 0
     for b in traced_batches(model, reader, batches, ablation):
@@ -253,7 +262,7 @@ def route_stats(model: Any, reader: Any, batches: Iterable[tuple[torch.Tensor, t
         if stats is None:
             k = b.topk.shape[-1] if b.topk is not None else 1
             stats = S.RouteStats(dataclasses.replace(layout, k=k), b.vocab)
-        stats.add(b.routes, lengths, input_ids=b.ids.numpy(), predicted=b.predicted, topk=b.topk, labels=labels)
+        stats.add(b.routes, lengths, input_ids=b.ids, predicted=b.predicted, topk=b.topk, labels=labels)
         done += len(lengths)
         if progress is not None:
             progress(done)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from routescope.analysis.export import columns as C
 
@@ -95,30 +96,81 @@ class Layout:
 
 
 # --- counting ---------------------------------------------------------------------------------------
+# Counts are torch tensors kept where the batches arrive: a GPU corpus counts on the GPU, and no step
+# of `RouteStats.add` waits for it (no data-dependent shape, no `.item()`: the real tokens are picked
+# by index lists made on the CPU from the row lengths, and undefined routes get a key past the end),
+# so the next batch's forward is launched while this one is counted. The reductions read numpy.
+
+def _accelerated(device: torch.device) -> bool:
+    """Whether counts on `device` are kernels queued behind the forwards (not the CPU's own work)."""
+    return device.type != "cpu"
+
+
+def _count_into(acc: torch.Tensor, keys: torch.Tensor) -> None:
+    """acc[k] += 1 for every k in keys (each in [0, acc.numel()), as int64)."""
+    if _accelerated(acc.device):  # bincount sizes its output from the largest key: a wait for the device
+        acc.index_add_(0, keys, torch.ones_like(keys))
+    else:
+        acc += torch.bincount(keys, minlength=acc.numel())  # a CPU's faster count
+
+
+def _to(x: Any, device: torch.device) -> torch.Tensor:
+    """An int64 tensor on `device` (a CPU array or tensor is sent without a wait)."""
+    t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    return t.to(device=device, dtype=torch.int64, non_blocking=True)
+
 
 class KeyCounts:
-    """Counts of integer keys in [0, size): a dense array when small, else sorted unique keys with
-    counts, compacted as batches arrive (memory bounded by the distinct keys seen)."""
+    """Counts of integer keys in [0, size) (a key of `size` is skipped): a dense tensor when small,
+    else sorted unique keys with counts on the CPU, compacted as batches arrive (memory bounded by
+    the distinct keys seen). On an accelerator the keys of several batches are held there and counted
+    together (up to `DEVICE_KEYS`): taking unique keys waits for the device, which would stall the
+    next batch's forward at every batch."""
+
+    DEVICE_KEYS = 2**25  # keys held on an accelerator before they are counted (256 MiB)
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.dense = np.zeros(size, dtype=np.int64) if size <= DENSE_MAX else None
+        self.is_dense = size <= DENSE_MAX
+        self.dense: torch.Tensor | None = None  # [size + 1] where dense (made at the first batch)
         self.keys = np.zeros(0, dtype=np.int64)
         self.counts = np.zeros(0, dtype=np.int64)
+        self._held: list[torch.Tensor] = []  # keys not counted yet (an accelerator's)
+        self._n_held = 0
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._n_pending = 0
 
-    def add(self, keys: np.ndarray) -> None:
-        if self.dense is not None:
-            self.dense += np.bincount(keys, minlength=self.size)
+    def add(self, keys: Any) -> None:
+        keys = keys if isinstance(keys, torch.Tensor) else torch.from_numpy(np.asarray(keys, dtype=np.int64))
+        if self.is_dense:
+            if self.dense is None:
+                self.dense = torch.zeros(self.size + 1, dtype=torch.int64, device=keys.device)
+            _count_into(self.dense, keys.reshape(-1))
             return
-        u, c = np.unique(keys, return_counts=True)
+        self._held.append(keys.reshape(-1))
+        self._n_held += keys.numel()
+        if not _accelerated(keys.device) or self._n_held > self.DEVICE_KEYS:
+            self._count_held()
+
+    def _count_held(self) -> None:
+        if not self._held:
+            return
+        keys = torch.cat(self._held)
+        self._held, self._n_held = [], 0
+        if _accelerated(keys.device):
+            u, c = torch.unique(keys, sorted=True, return_counts=True)
+            u, c = u.cpu().numpy(), c.cpu().numpy().astype(np.int64)
+        else:  # numpy's unique: about 4x torch's on a CPU (32k int64 keys: 0.5 against 2.0 ms)
+            u, c = np.unique(keys.numpy(), return_counts=True)
+        if len(u) and u[-1] == self.size:  # undefined routes
+            u, c = u[:-1], c[:-1]
         self._pending.append((u, c))
         self._n_pending += len(u)
         if self._n_pending > max(2**18, len(self.keys)):
             self._compact()
 
     def _compact(self) -> None:
+        self._count_held()
         if not self._pending:
             return
         k = np.concatenate([self.keys] + [u for u, _ in self._pending])
@@ -134,9 +186,10 @@ class KeyCounts:
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, counts) of every key counted at least once, keys ascending."""
-        if self.dense is not None:
-            keys = np.flatnonzero(self.dense)
-            return keys, self.dense[keys]
+        if self.is_dense:
+            dense = self.dense[:self.size].cpu().numpy() if self.dense is not None else np.zeros(0, dtype=np.int64)
+            keys = np.flatnonzero(dense)
+            return keys, dense[keys]
         self._compact()
         return self.keys, self.counts
 
@@ -172,69 +225,110 @@ def layer_pairs(n_layers: int) -> list[tuple[int, int]]:
 
 class RouteStats:
     """Running counts of per-token routes over a corpus (module doc). Index 0 of every option axis
-    counts undefined routes; option o is index o + 1."""
+    counts undefined routes; option o is index o + 1. The counts are kept on the device the first
+    batch's routes are on (see "counting" above) and read as numpy arrays (`first`, `slots`, `co`,
+    `by_label`)."""
 
     def __init__(self, layout: Layout, vocab_size: int) -> None:
         self.layout, self.vocab_size = layout, vocab_size
-        L, n1 = len(layout.layers), layout.n + 1
         self.n_rows = self.n_tokens = 0
-        self.first = np.zeros((L, n1), dtype=np.int64)
-        self.slots = np.zeros((L, n1), dtype=np.int64)
-        self.pairs = layer_pairs(L)
-        self.co = np.zeros((len(self.pairs), n1, n1), dtype=np.int64)
+        self.pairs = layer_pairs(len(layout.layers))
         self.label_index = [LabelIndex() for _ in layout.label_columns]
-        self.by_label = [np.zeros((0, len(READINGS), L, n1), dtype=np.int64) for _ in layout.label_columns]
         self.label_rows = [np.zeros(0, dtype=np.int64) for _ in layout.label_columns]
         self.label_tokens = [np.zeros(0, dtype=np.int64) for _ in layout.label_columns]
-        self.spec = {by: KeyCounts(L * n1 * vocab_size) for by in BY_KINDS}
+        self.spec = {by: KeyCounts(len(layout.layers) * (layout.n + 1) * vocab_size) for by in BY_KINDS}
+        self._counts: dict[str, torch.Tensor] = {}  # first, slots, co: flat, on the batches' device
+        self._by_label: list[torch.Tensor] = []  # per label column: [values, readings, L, n1] flat
+        self._host: dict[str, Any] | None = None  # numpy copies, until the next batch
 
-    def add(self, routes: np.ndarray, lengths: Sequence[int], *, input_ids: np.ndarray,
-            predicted: np.ndarray | None = None, topk: np.ndarray | None = None,
+    def _start(self, device: torch.device) -> None:
+        L, n1 = len(self.layout.layers), self.layout.n + 1
+        z = lambda n: torch.zeros(n, dtype=torch.int64, device=device)  # noqa: E731
+        self._counts = {"first": z(L * n1), "slots": z(L * n1), "co": z(len(self.pairs) * n1 * n1)}
+        self._by_label = [z(0) for _ in self.layout.label_columns]
+
+    def add(self, routes: Any, lengths: Sequence[int], *, input_ids: Any, predicted: Any = None, topk: Any = None,
             labels: Sequence[Sequence[str]] = ()) -> None:
         """One batch: routes (L, B, T) 1-based, 0 undefined; lengths (B,) real tokens per row (the
         rest is padding); input_ids, predicted (B, T) token ids; topk (L, B, T, k) or None;
-        labels: one sequence of B values per label column."""
+        labels: one sequence of B values per label column. Arrays are numpy arrays or torch tensors;
+        tensors on a GPU are counted there."""
+        routes = routes if isinstance(routes, torch.Tensor) else torch.from_numpy(np.asarray(routes))
+        dev = routes.device
+        if not self._counts:
+            self._start(dev)
+        self._host = None
         L, B, T = routes.shape
-        n1 = self.layout.n + 1
+        n1, V = self.layout.n + 1, self.vocab_size
         lengths = np.asarray(lengths, dtype=np.int64)
-        mask = np.arange(T)[None, :] < lengths[:, None]  # (B, T): real tokens
-        rows = np.nonzero(mask)[0]  # batch row of each real token
-        r = routes[:, mask].astype(np.int64)  # (L, N)
-        N = r.shape[1]
+        rows = np.repeat(np.arange(B), lengths)  # batch row of each real token
+        N = len(rows)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if B else np.zeros(0, np.int64)
+        flat = _to(rows * T + np.arange(N) - np.repeat(starts, lengths), dev)  # [N] real tokens in (B * T)
         self.n_rows += B
         self.n_tokens += N
-        base = (np.arange(L) * n1)[:, None]  # (L, 1)
-        self.first += np.bincount((base + r).ravel(), minlength=L * n1).reshape(L, n1)
+        r = routes.reshape(L, B * T).index_select(1, flat).long()  # (L, N)
+        base = (torch.arange(L, device=dev) * n1)[:, None]  # (L, 1)
+        lr = base + r  # (L, N): layer * n1 + route
+        _count_into(self._counts["first"], lr.reshape(-1))
         if topk is not None:
-            tk = topk[:, mask, :].astype(np.int64)  # (L, N, k)
-            self.slots += np.bincount((base[:, :, None] + tk).ravel(), minlength=L * n1).reshape(L, n1)
+            tk = _to(topk, dev)
+            tk = tk.reshape(L, B * T, tk.shape[-1]).index_select(1, flat)  # (L, N, k)
+            _count_into(self._counts["slots"], (base[:, :, None] + tk).reshape(-1))
         else:
-            self.slots += np.bincount((base + r).ravel(), minlength=L * n1).reshape(L, n1)
+            _count_into(self._counts["slots"], lr.reshape(-1))
         if self.pairs:
-            keys = [(p * n1 + r[i]) * n1 + r[j] for p, (i, j) in enumerate(self.pairs)]
-            self.co += np.bincount(np.concatenate(keys), minlength=self.co.size).reshape(self.co.shape)
-        last = routes[:, np.arange(B), np.maximum(lengths - 1, 0)].astype(np.int64)  # (L, B)
+            i, j = (_to([p[s] for p in self.pairs], dev) for s in (0, 1))
+            p = torch.arange(len(self.pairs), device=dev)[:, None]
+            _count_into(self._counts["co"], ((p * n1 + r.index_select(0, i)) * n1 + r.index_select(0, j)).reshape(-1))
+        last = routes.reshape(L, B * T).index_select(1, _to(np.arange(B) * T + np.maximum(lengths - 1, 0), dev)).long()
+        layer = torch.arange(L, device=dev)[:, None]
         for c, values in enumerate(labels):
             vi = self.label_index[c].of(list(values))  # (B,)
             nv = len(self.label_index[c].values)
-            self.by_label[c] = _grow(self.by_label[c], nv)
-            self.label_rows[c] = _grow(self.label_rows[c], nv)
-            self.label_tokens[c] = _grow(self.label_tokens[c], nv)
+            self.label_rows[c] = _grow(self.label_rows[c], nv) + np.bincount(vi, minlength=nv)
+            self.label_tokens[c] = _grow(self.label_tokens[c], nv) + np.bincount(vi, weights=lengths, minlength=nv).astype(np.int64)
             size = nv * len(READINGS) * L * n1
-            tok_keys = ((vi[rows][None, :] * len(READINGS) + 0) * L + np.arange(L)[:, None]) * n1 + r
-            last_keys = ((vi[None, :] * len(READINGS) + 1) * L + np.arange(L)[:, None]) * n1 + last
-            counts = np.bincount(np.concatenate([tok_keys.ravel(), last_keys.ravel()]), minlength=size)
-            self.by_label[c] += counts.reshape(nv, len(READINGS), L, n1)
-            self.label_rows[c] += np.bincount(vi, minlength=nv)
-            self.label_tokens[c] += np.bincount(vi[rows], minlength=nv)
-        V = self.vocab_size
-        defined = r > 0
-        lr = (base + r)[defined]  # (M,) layer * n1 + route of each defined (layer, token)
+            acc = self._by_label[c]
+            if acc.numel() < size:
+                acc = self._by_label[c] = torch.cat([acc, acc.new_zeros(size - acc.numel())])
+            tok_keys = ((_to(vi[rows], dev)[None, :] * len(READINGS) + 0) * L + layer) * n1 + r
+            last_keys = ((_to(vi, dev)[None, :] * len(READINGS) + 1) * L + layer) * n1 + last
+            _count_into(acc, torch.cat([tok_keys.reshape(-1), last_keys.reshape(-1)]))
+        spec_size = L * n1 * V
         for by, ids in (("input", input_ids), ("predicted", predicted)):
             if ids is None:
                 continue
-            t = np.broadcast_to(ids[mask].astype(np.int64)[None, :], r.shape)[defined]
-            self.spec[by].add(lr * V + t)
+            t = _to(ids, dev).reshape(B * T).index_select(0, flat)[None, :]  # (1, N)
+            self.spec[by].add(torch.where(r > 0, lr * V + t, spec_size).reshape(-1))  # undefined: skipped
+
+    def _numpy(self) -> dict[str, Any]:
+        if self._host is None:
+            L, n1 = len(self.layout.layers), self.layout.n + 1
+            got = {k: v.cpu().numpy() for k, v in self._counts.items()}
+            self._host = {"first": got.get("first", np.zeros(L * n1, np.int64)).reshape(L, n1),
+                          "slots": got.get("slots", np.zeros(L * n1, np.int64)).reshape(L, n1),
+                          "co": got.get("co", np.zeros(len(self.pairs) * n1 * n1, np.int64)).reshape(
+                              len(self.pairs), n1, n1),
+                          "by_label": [a.cpu().numpy().reshape(-1, len(READINGS), L, n1) for a in self._by_label]
+                          or [np.zeros((0, len(READINGS), L, n1), np.int64) for _ in self.layout.label_columns]}
+        return self._host
+
+    @property
+    def first(self) -> np.ndarray:  # (L, n1) first choices
+        return self._numpy()["first"]
+
+    @property
+    def slots(self) -> np.ndarray:  # (L, n1) top-k slots
+        return self._numpy()["slots"]
+
+    @property
+    def co(self) -> np.ndarray:  # (pairs, n1, n1) first choices at layer i and at layer j
+        return self._numpy()["co"]
+
+    @property
+    def by_label(self) -> list[np.ndarray]:  # per label column: (values, readings, L, n1)
+        return self._numpy()["by_label"]
 
 
 # --- reductions: route statistics --------------------------------------------------------------------

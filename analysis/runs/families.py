@@ -90,6 +90,9 @@ class RouteReader:
     description: str  # for pages: the model and how a route is read
     topk: Callable[[Any], np.ndarray] | None = None
     routed: tuple[int, ...] | None = None
+    # (routes, top-k or None) as int64 tensors where the trace holds its records (a GPU corpus traces
+    # `on_device` and counts there); None: the reader has numpy only
+    tensors: Callable[[Any], tuple[torch.Tensor, torch.Tensor | None]] | None = None
 
 
 Views = Callable[..., RunViews]  # (trace, model, *, second: Trace | None, options: Mapping) -> RunViews
@@ -296,25 +299,22 @@ def topk_reader(describe: Callable[[RouteScopeLM], str]) -> Callable[[RouteScope
         labels = R.option_names(model.option_labels(), layers)
         roles = [model.routing_modules[l].roles for l in layers]
 
-        def routes(tr: Any) -> np.ndarray:  # (L, B, T)
+        def first(tr: Any) -> torch.Tensor:  # (L, B, T) where the trace holds its records
             idx, w = [tr[r[INDICES]] for r in roles], [tr[r[WEIGHTS]] for r in roles]
             if len({(i.shape, x.shape) for i, x in zip(idx, w)}) == 1:  # one gather over every layer at once
-                first = torch.stack(idx).gather(-1, torch.stack(w).float().argmax(-1, keepdim=True))[..., 0]
-                return first.numpy().astype(np.int64) + 1
-            out = [i.gather(-1, x.float().argmax(-1, keepdim=True))[..., 0].numpy() for i, x in zip(idx, w)]
-            return np.stack(out).astype(np.int64) + 1
+                return torch.stack(idx).gather(-1, torch.stack(w).float().argmax(-1, keepdim=True))[..., 0].long() + 1
+            return torch.stack([i.gather(-1, x.float().argmax(-1, keepdim=True))[..., 0] for i, x in zip(idx, w)]).long() + 1
 
-        def topk(tr: Any) -> np.ndarray:  # (L, B, T, k): every pick; a layer with a smaller k padded with 0
-            idx = [tr[r[INDICES]] for r in roles]
-            if len({i.shape for i in idx}) == 1:
-                return torch.stack(idx).numpy().astype(np.int64) + 1
-            idx = [i.numpy().astype(np.int64) + 1 for i in idx]
+        def picks(tr: Any) -> torch.Tensor:  # (L, B, T, k): every pick; a layer with a smaller k padded with 0
+            idx = [tr[r[INDICES]].long() + 1 for r in roles]
             k = max(i.shape[-1] for i in idx)
-            return np.stack([np.pad(i, [(0, 0)] * (i.ndim - 1) + [(0, k - i.shape[-1])]) for i in idx])
+            return torch.stack([torch.nn.functional.pad(i, (0, k - i.shape[-1])) for i in idx])
 
         sites = [r[s] for r in roles for s in (INDICES, WEIGHTS)]
         routed = tuple(model.routing_modules[l].n_routed for l in layers)
-        return RouteReader(layers, labels, sites, routes, describe(model), topk=topk, routed=routed)
+        return RouteReader(layers, labels, sites, lambda tr: first(tr).cpu().numpy(), describe(model),
+                           topk=lambda tr: picks(tr).cpu().numpy(), routed=routed,
+                           tensors=lambda tr: (first(tr), picks(tr)))
     return reader
 
 

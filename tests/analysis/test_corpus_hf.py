@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -81,9 +82,54 @@ def test_pipelined_batches_equal_one_forward_per_batch_in_order(device, tokenize
         with torch.inference_mode(), tracing(reader.sites) as tr:
             logits = model(x).logits
         assert torch.equal(b.ids, x) and b.vocab == logits.shape[-1]
-        np.testing.assert_array_equal(b.predicted, logits.argmax(-1).cpu().numpy())
-        np.testing.assert_array_equal(np.asarray(b.topk), np.asarray(reader.topk(tr)))
-        np.testing.assert_array_equal(b.routes, reader.routes(tr))
+        np.testing.assert_array_equal(_host(b.predicted), logits.argmax(-1).cpu().numpy())
+        np.testing.assert_array_equal(_host(b.topk), np.asarray(reader.topk(tr)))
+        np.testing.assert_array_equal(_host(b.routes), reader.routes(tr))
+        assert all(isinstance(v, torch.Tensor) and v.device.type == device for v in (b.routes, b.topk, b.predicted)) \
+            if device != "cpu" else True  # a GPU's routes stay there, for RouteStats to count there
+
+
+def _host(x):
+    return x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_routes_counted_on_the_device_equal_the_same_routes_counted_by_numpy(device, tokenizer, tmp_path, monkeypatch):
+    """`RouteStats` counts where the routes are (on a GPU: kernels, unique keys held over batches). The
+    very routes each batch yields, counted there and counted from numpy copies on the CPU, give the
+    same tables. On the CPU the device branches are forced (index_add_ counts, keys held and counted
+    every few batches) so they are tested here too."""
+    import dataclasses
+
+    from routescope.analysis.corpus.run import layout_of, traced_batches
+
+    monkeypatch.setattr(S, "DENSE_MAX", 0)  # the sparse path: a large vocabulary's
+    monkeypatch.setattr(S.KeyCounts, "DEVICE_KEYS", 100)  # held keys counted every few batches
+    hf = hf_model("olmoe", tokenizer.get_vocab_size())
+    model, _ = load_checkpoint(save_hf(hf, tmp_path / "olmoe", tokenizer), device=device)
+    reader = route_reader(model)
+    gen = torch.Generator().manual_seed(2)
+    batches = [(torch.randint(0, model.vocab_size, (r, t), generator=gen),
+                ([t - i % 3 for i in range(r)], [["story" if i % 2 else "math" for i in range(r)]]))
+               for r, t in [(2, 7), (3, 5), (1, 9), (2, 4), (4, 6)]]
+    layout = dataclasses.replace(layout_of(model, ["domain"]), k=hf.config.num_experts_per_tok)
+    here, there = S.RouteStats(layout, model.vocab_size), S.RouteStats(layout, model.vocab_size)
+    got = list(traced_batches(model, reader, iter(batches)))
+    with monkeypatch.context() as m:
+        m.setattr(S, "_accelerated", lambda d: True)  # on a CPU too: the device branches
+        for b in got:
+            lengths, labels = b.item
+            here.add(b.routes, lengths, input_ids=b.ids, predicted=b.predicted, topk=b.topk, labels=labels)
+    for b in got:
+        lengths, labels = b.item
+        there.add(_host(b.routes), lengths, input_ids=b.ids.numpy(), predicted=_host(b.predicted),
+                  topk=_host(b.topk), labels=labels)
+    assert here.n_tokens == there.n_tokens == sum(sum(item[0]) for _, item in batches)
+    for table in (S.utilisation, S.label_shares, S.co_routing, lambda s: S.specialisation(s, min_count=1)):
+        pd.testing.assert_frame_equal(table(here), table(there))
+    for by in S.BY_KINDS:
+        assert [a.tolist() for a in here.spec[by].items()] == [a.tolist() for a in there.spec[by].items()]
 
 
 def test_logits_as_computed_widen_to_the_float32_logits(tokenizer, tmp_path):
