@@ -84,6 +84,25 @@ def test_missing_text_and_odd_dtypes():
     assert csv_kind(pd.CategoricalDtype([1, 2])) == "int"  # a categorical follows its categories
 
 
+def test_cells_encoded_once_per_distinct_value_equal_cells_encoded_one_by_one():
+    """The writer encodes each distinct value of a one-type column once (`tables._encoded`): its rows
+    must be those of encoding every cell by itself, for repeated and missing values of every dtype."""
+    from routescope.analysis.export import tables as T
+
+    n = 40
+    texts = [HOSTILE[k % 5] if k % 7 else None for k in range(n)]
+    df = pd.DataFrame({
+        "str": pd.Series(texts, dtype="str"), "string": pd.array(texts, dtype="string"),
+        "category": pd.Categorical(texts), "object": [t if k % 3 else k % 2 == 0 for k, t in enumerate(texts)],
+        "int": [k % 4 for k in range(n)], "Int64": pd.array([k % 3 if k % 5 else None for k in range(n)], dtype="Int64"),
+        "bool": [k % 3 == 0 for k in range(n)], "boolean": pd.array([k % 2 == 0 if k % 6 else None for k in range(n)],
+                                                                 dtype="boolean"),
+        "int_category": pd.Categorical([k % 3 for k in range(n)]), "float": [k / 3 if k % 4 else None for k in range(n)]})
+    for column, kind in csv_kinds(df).items():
+        enc = T._ENCODE[kind]
+        assert T._encoded(df[column], kind, enc) == [enc(v) for v in df[column].astype(object).tolist()], column
+
+
 # --- the app's downloads ---------------------------------------------------------------------
 
 @pytest.fixture
