@@ -175,9 +175,9 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
             out["figures"] = sorted(figs)
             layer = next(iter(model.routing_layers()))
             times = []
-            for o in range(3):
+            for o in range(3):  # as the app redraws after a toggle: the prompt pass, its views and figures
                 t0 = time.perf_counter()
-                run_prompt(model, tok, prompt, settings=settings, ablation=Ablation(drop=((layer, o),)))
+                draw_run(run_prompt(model, tok, prompt, settings=settings, ablation=Ablation(drop=((layer, o),))), model)
                 times.append(time.perf_counter() - t0)
             out["toggle_s"] = C.median(times)
             out["corpus_tok_s"] = _corpus_throughput(model, vocab)
