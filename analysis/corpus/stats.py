@@ -155,7 +155,7 @@ class KeyCounts:
     def _count_held(self) -> None:
         if not self._held:
             return
-        keys = torch.cat(self._held)
+        keys = self._held[0] if len(self._held) == 1 else torch.cat(self._held)  # a CPU holds one batch: no copy
         self._held, self._n_held = [], 0
         if _accelerated(keys.device):
             u, c = torch.unique(keys, sorted=True, return_counts=True)
