@@ -123,7 +123,7 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
     elif view == "Corpus":
         corpus.show(model, tok, path, mtime, ab)
     elif view == "Experts":
-        experts.show(model, tok, path, mtime)
+        experts.show(model, tok, path, mtime, ab)
     else:
         extra = {label: table for p in pages.values() if p.tables for label, table in
                  p.tables(model, path, mtime, cur.ablation).items()}  # the family's pages' tables

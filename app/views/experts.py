@@ -21,6 +21,7 @@ from routescope.app import corpus_resources as CR
 from routescope.app import state as K
 from routescope.rendering.importance_report import SECTIONS, figures, flagged, page
 from routescope.app.messages import show_error
+from routescope.core_models.runtime import NO_ABLATION, Ablation
 
 SHIPPED, UPLOAD, SERVER = "Shipped dataset", "Upload a file", "File on the server"
 POLL_SECONDS = 0.5
@@ -105,10 +106,15 @@ def _progress(job, key) -> None:
         stops()[key].set()
 
 
-def show(model, tok, path: str, mtime: float) -> None:
+def show(model, tok, path: str, mtime: float, ablation: Ablation = NO_ABLATION) -> None:
+    """`ablation`: the one at the left, which the sweep does not run under (each expert is dropped alone
+    from the model as it is): the view says so rather than leave it to be guessed."""
     st.caption("Which experts matter on a dataset: each expert dropped alone, teacher-forced, with the change in "
                "next-token loss (95% bootstrap interval over rows), KL, top-1 flips and usage; a random-expert control; "
                "cheap proxies against the causal effect; and what pruning the least important would cost.")
+    if not ablation.is_empty:
+        st.info(f"The ablation at the left (`{ablation.summary()}`) does not apply here: each expert is dropped alone "
+                "from the model as it is, against the model as it is.")
     if not model.routing_layers():
         st.info(f"{model.config.label} has no routing layers: no expert to measure.")
         return

@@ -120,3 +120,14 @@ def test_a_model_without_routing_layers_says_so():
     at = experts_view("llama-dense")
     assert not at.exception
     assert any("no routing layers" in i.value for i in at.info)
+
+
+def test_the_ablation_at_the_left_is_said_not_to_apply():
+    """The sweep drops each expert alone from the model as it is; with options switched off at the
+    left the view says that ablation is not the one measured (and says nothing without one)."""
+    at = experts_view("olmoe-tiny")
+    assert not any("does not apply here" in i.value for i in at.info)
+    path = at.selectbox(key=K.CHECKPOINT).value
+    at.text_area(key=K.specs_key(path)).input("*:0").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("does not apply here" in i.value and "drop *:0" in i.value for i in at.info), [i.value for i in at.info]
