@@ -1,13 +1,15 @@
 """Hugging Face transformers language models as a RouteScope family, on transformers' own classes.
 
 Nothing here re-implements a model: `HFModel` holds the `AutoModelForCausalLM` that transformers
-builds from the checkpoint and instruments it with permanent hooks, registered once at load, that
-read the call in progress (`runtime.current()`: ablation) and the active trace
-(`runtime.active_trace()`) from the same ContextVars as our own sites. Idle, a hook costs those
-ContextVar reads; nothing per call ever lives on a module, so one model serves every session. The
-one thing a hook cannot do, skipping a computation, is done for the attention of each decoder layer
-that holds a router: its `forward` is an instance attribute that returns a captured output when a
-ContextVar names the module (`resume`, prefix reuse), else calls the class's forward.
+builds from the checkpoint and instruments it by wrapping, once at load, the `forward` of each router,
+experts module, shared expert, decoder layer and routing layer's attention (`_wrap`: an instance
+attribute that calls the module's own forward). A wrapper reads the call in progress
+(`runtime.current()`: ablation) and the active trace (`runtime.active_trace()`) from the same
+ContextVars as our own sites. Idle, it costs those ContextVar reads and one Python call; no
+RouteScope hook sits on a module (a hook sends every call of its module down torch's slow path,
+which cost about 2.5% of a tiny Mixtral's forward), and nothing per call ever lives on a module, so
+one model serves every session. A wrapper can also skip a computation: a routing decoder layer's
+attention returns a captured output when a ContextVar names it (`resume`, prefix reuse).
 
 Which modules route is read from transformers itself, for every MoE model type it ships, at module
 boundaries (`moe_layout`):
@@ -28,8 +30,8 @@ Each routing layer's roles and their sites (`HFRoutingLayer.roles`; shapes as re
   softmax or sigmoid the router applies to a tensor of its logits' shape (gpt-oss applies its softmax
   to the top-k logits only: no site).
 
-Ablations go through the router's own code: a torch function mode, entered by the router's pre-hook
-and left by its forward hook (thread-local, like every function mode), sets the logits of dropped
+Ablations go through the router's own code: a torch function mode, entered around the router's
+forward by its wrapper (thread-local, like every function mode), sets the logits of dropped
 experts to -inf as the router's linear returns them, and where the router adds a selection bias
 (any router tensor named `*bias` with one entry per expert that the router *adds*:
 DeepSeek-V3's `e_score_correction_bias`, ...) sets the dropped experts' biased scores to -1e9
@@ -40,6 +42,7 @@ forced.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -280,8 +283,8 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
             raise UnsupportedMoE(f"its MoE block {type(block).__name__} has no `experts` module beside the router "
                                  f"{type(router).__name__} (RouteScope reads routes where a block calls "
                                  "experts(hidden, top_k_index, top_k_weights))")
-        params = [p for p in inspect.signature(experts.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [p for p in inspect.signature(type(experts).forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]  # the class's: not a wrapper's
         if len(params) < 3:
             raise UnsupportedMoE(f"its MoE block {type(block).__name__} calls {type(experts).__name__}"
                                  f"({', '.join(p.name for p in params)}) without the top-k indices and weights "
@@ -328,7 +331,7 @@ class HFRoutingLayer(RoutingLayer):
 # --- per-call instrumentation (thread-local) -------------------------------------------------------
 
 _BATCH: ContextVar[int] = ContextVar("routescope_hf_batch", default=1)  # rows of the call in progress
-_OPEN: ContextVar[tuple] = ContextVar("routescope_hf_open", default=())  # (router, mode) entered, innermost last
+_NONE: frozenset[int] = frozenset()
 
 _NORMALISERS = {F.softmax, torch.softmax, torch.Tensor.softmax, F.sigmoid, torch.sigmoid, torch.Tensor.sigmoid}
 _ADD = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
@@ -392,7 +395,6 @@ class HFModel(RouteScopeLM):
             config.transformers_config(), trust_remote_code=False)
         layers: dict[str, HFRoutingLayer] = {}
         sites: dict[str, Site] = {}
-        self._router_names: dict[int, str] = {}  # id(router or experts module) -> layer name (fixed at load)
         self._biases: dict[str, list[torch.Tensor]] = {}
         for block in moe_layout(self.hf):
             name, n, k = block.router, block.n_experts, block.top_k
@@ -405,123 +407,111 @@ class HFModel(RouteScopeLM):
             for role, site in roles.items():
                 sites[site] = _site(site, shapes[role])
             layers[name] = HFRoutingLayer(block, roles)
-            self._router_names[id(router)] = name
-            experts = self.hf.get_submodule(block.experts)
-            self._router_names[id(experts)] = name
             self._biases[name] = _choice_biases(router, n)
-            router.register_forward_pre_hook(self._router_pre)
-            router.register_forward_hook(self._router_post, always_call=True)
-            experts.register_forward_pre_hook(self._experts_pre)
+            _wrap(router, self._router_forward, name)
+            _wrap(self.hf.get_submodule(block.experts), self._experts_forward, name)
             if block.shared:
-                self.hf.get_submodule(block.shared).register_forward_hook(self._shared_hook(name, n))
+                _wrap(self.hf.get_submodule(block.shared), self._shared_forward, name)
             if block.shared_gate:
                 gate = block.shared_gate
                 sites[gate] = _site(gate, "[batch, pos, 1] shared-expert gate logit (the block applies its sigmoid)")
-                self.hf.get_submodule(gate).register_forward_hook(self._gate_hook(gate))
+                _wrap(self.hf.get_submodule(gate), self._gate_forward, gate)
         self.routing_modules = layers
         self.sites = sites
         self.attn_layers = []
         self._offload: Any = None  # load_hf's offload folder under device_map="auto"
         self._stack, self._decoder_of, self._tail = _decoder_stack(self.hf, list(layers))
-        self._decoder_ids: dict[int, int] = {}
-        self._attention_of: dict[int, int] = {}  # id(self_attn of a routing decoder layer) -> decoder index
         if self._stack is not None:
             stack = self.hf.get_submodule(self._stack)
             for i, layer in enumerate(stack):
-                self._decoder_ids[id(layer)] = i
-                layer.register_forward_pre_hook(self._decoder_pre, with_kwargs=True)
+                _wrap(layer, self._decoder_forward, i)
             for i in set(self._decoder_of.values()):
                 attention = getattr(stack[i], "self_attn", None)
-                if isinstance(attention, nn.Module) and _reusable(attention):
-                    self._attention_of[id(attention)] = i
-                    attention.register_forward_hook(self._attention_post)
+                if isinstance(attention, nn.Module):
+                    _wrap(attention, self._attention_forward, i)
 
-    # --- hooks (registered once; per-call state only in ContextVars) -----------------------------
-    def _decoder_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    # --- wrapped forwards (installed once at load; per-call state only in ContextVars) --------------
+    # Each is `inner` (the module's own forward) plus what the call in progress asks for. Idle, that is
+    # one or two ContextVar reads: no module carries a hook, so torch calls each one on its fast path.
+    def _decoder_forward(self, i: int, inner: Any, *args: Any, **kwargs: Any) -> Any:
         cap = _CAPTURE.get()
         if cap is not None:
-            cap.inputs[self._decoder_ids[id(module)]] = (args, dict(kwargs))
-        return None
+            cap.inputs[i] = (args, dict(kwargs))
+        return inner(*args, **kwargs)
 
-    def _attention_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        """Capture: the attention output of a routing decoder layer, kept only where its experts have not
-        run yet in that layer (then no ablation of the layer can change it: `resume` reuses it)."""
+    def _attention_forward(self, i: int, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        """A routing decoder layer's attention: the output `resume` hands it (`_REUSE_ATTENTION`) instead
+        of computing it again; under `capture`, its output kept where the layer's experts have not run
+        yet (then no ablation of the layer can change it)."""
+        reuse = _REUSE_ATTENTION.get()
+        if reuse is not None and reuse[0] is self and reuse[1] == i:
+            return reuse[2]
+        out = inner(*args, **kwargs)
         cap = _CAPTURE.get()
-        if cap is not None:
-            i = self._attention_of[id(module)]
-            if not any(self._decoder_of[r] == i for r in cap.experts):
-                cap.attention[i] = output
-        return None
+        if cap is not None and not any(self._decoder_of[r] == i for r in cap.experts):
+            cap.attention[i] = out
+        return out
 
-    def _router_pre(self, module: nn.Module, args: tuple) -> None:
+    def _router_forward(self, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
         st, tr = runtime.current(), runtime.active_trace()
-        name = self._router_names[id(module)]
-        dropped, row_mask = self._dropped_now(name, st)
-        want_probs = tr is not None and tr.wants(f"{name}.probs")
-        if not dropped and not want_probs:
-            return None
-        mode = _InsideRouter(dropped, want_probs, self._biases[name],
-                             LOGIT_MASK.get(self.config.model_type, float("-inf")), row_mask)
-        mode.__enter__()
-        _OPEN.set(_OPEN.get() + ((module, mode),))
-        return None
-
-    def _router_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        opened = _OPEN.get()
+        dropped, row_mask = self._dropped_now(name, st) if st.row_ablations is not None or not st.ablation.is_empty \
+            else (_NONE, None)
+        layer = self.routing_modules[name]
+        want_probs = tr is not None and tr.wants(layer.roles[PROBS])
         mode = None
-        if opened and opened[-1][0] is module:
-            mode = opened[-1][1]
-            _OPEN.set(opened[:-1])
-            mode.__exit__(None, None, None)
-        tr = runtime.active_trace()
-        if tr is None:
-            return None
-        layer = self.routing_modules[self._router_names[id(module)]]
-        logits = output[layer.block.logits_index] if isinstance(output, (tuple, list)) else output
-        self._visit(tr, layer.roles[LOGITS], logits)
-        if mode is not None and mode.probs is not None:
-            self._visit(tr, layer.roles[PROBS], mode.probs)
-        return None
+        if dropped or want_probs:
+            mode = _InsideRouter(dropped, want_probs, self._biases[name],
+                                 LOGIT_MASK.get(self.config.model_type, float("-inf")), row_mask)
+            with mode:
+                output = inner(*args, **kwargs)
+        else:
+            output = inner(*args, **kwargs)
+        if tr is not None:
+            logits = output[layer.block.logits_index] if isinstance(output, (tuple, list)) else output
+            self._visit(tr, layer.roles[LOGITS], logits)
+            if mode is not None and mode.probs is not None:
+                self._visit(tr, layer.roles[PROBS], mode.probs)
+        return output
 
-    def _experts_pre(self, module: nn.Module, args: tuple) -> None:
+    def _experts_forward(self, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
         """Every MoE block transformers ships calls experts(hidden, top_k_index, top_k_weights) positionally
-        (tests/analysis/test_hf_coverage.py checks each type): a plain pre-hook, the cheapest idle."""
-        cap = _CAPTURE.get()
-        if cap is not None and len(args) >= 3:
-            cap.experts[self._router_names[id(module)]] = tuple(args[:3])
-        tr = runtime.active_trace()
-        if tr is None or len(args) < 3:
-            return None
-        layer = self.routing_modules[self._router_names[id(module)]]
-        self._visit(tr, layer.roles[INDICES], args[1])
-        self._visit(tr, layer.roles[WEIGHTS], args[2])
-        return None
+        (tests/analysis/test_hf_coverage.py checks each type)."""
+        if len(args) >= 3:
+            cap = _CAPTURE.get()
+            if cap is not None:
+                cap.experts[name] = tuple(args[:3])
+            tr = runtime.active_trace()
+            if tr is not None:
+                roles = self.routing_modules[name].roles
+                self._visit(tr, roles[INDICES], args[1])
+                self._visit(tr, roles[WEIGHTS], args[2])
+        return inner(*args, **kwargs)
 
     def _visit(self, tr: runtime.Trace, site: str, x: Any) -> None:
         if isinstance(x, torch.Tensor) and tr.wants(site):
             tr.visit(site, x.reshape(_BATCH.get(), -1, x.shape[-1]), 1, self.sites[site].shape)
 
-    def _shared_hook(self, layer: str, option: int):
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor):
-            st = runtime.current()
-            if st.row_ablations is not None:
-                drop = torch.tensor([option in a.dropped(layer) for a in st.row_ablations], device=output.device)
-                if bool(drop.any()):
-                    return output.reshape(drop.shape[0], -1).masked_fill(drop[:, None], 0).reshape(output.shape)
-                return None
-            ab = st.ablation
-            if not ab.is_empty and option in ab.dropped(layer):
-                return torch.zeros_like(output)
-            return None
-        return hook
+    def _shared_forward(self, layer: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        """A shared expert: its output zeroed where the call drops it (the layer's last option)."""
+        output = inner(*args, **kwargs)
+        st = runtime.current()
+        option = self.routing_modules[layer].n_experts
+        if st.row_ablations is not None:
+            drop = torch.tensor([option in a.dropped(layer) for a in st.row_ablations], device=output.device)
+            if bool(drop.any()):
+                return output.reshape(drop.shape[0], -1).masked_fill(drop[:, None], 0).reshape(output.shape)
+            return output
+        ab = st.ablation
+        if not ab.is_empty and option in ab.dropped(layer):
+            return torch.zeros_like(output)
+        return output
 
-    def _gate_hook(self, site: str):
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor):
-            tr = runtime.active_trace()
-            if tr is not None and tr.wants(site):
-                self._visit(tr, site, output)
-            return None
-        return hook
+    def _gate_forward(self, site: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        output = inner(*args, **kwargs)
+        tr = runtime.active_trace()
+        if tr is not None and tr.wants(site):
+            self._visit(tr, site, output)
+        return output
 
     def _dropped_now(self, layer: str, st: runtime.RunState) -> tuple[frozenset[int], torch.Tensor | None]:
         """The routed experts the call in progress drops at `layer` (all rows together), and where rows
@@ -622,7 +612,7 @@ class HFModel(RouteScopeLM):
         the decoder layer of routing layer `layer` on with transformers' own decoder layers, final norm
         and output embedding. Every ablation must leave the layers before `layer` alone. That decoder
         layer's attention, computed before its experts (`Prefix.attention`), is not computed again:
-        its captured output is returned by the attention module's `forward` (`_reusable`). `head=False`:
+        its captured output is returned by the attention's wrapped forward (`_attention_forward`). `head=False`:
         the final norm's output [len(row_ablations), pos, hidden] instead (`output_embedding`'s input),
         for a caller that needs the logits of some positions only, or a chunk at a time."""
         start, R = self._decoder_of[layer], prefix.rows
@@ -639,8 +629,7 @@ class HFModel(RouteScopeLM):
         copies: dict[int, Any] = {}
         h = None
         state = runtime.RunState(row_ablations=tuple(row_ablations))
-        attention = getattr(stack[start], "self_attn", None)
-        reuse = {id(attention): _repeat_rows(prefix.attention[start], R, m, copies)} \
+        reuse = (self, start, _repeat_rows(prefix.attention[start], R, m, copies)) \
             if start in prefix.attention else None
         with runtime.running(state):
             token = _BATCH.set(len(row_ablations))
@@ -806,27 +795,25 @@ class Prefix:
 
 
 _CAPTURE: ContextVar[Prefix | None] = ContextVar("routescope_hf_capture", default=None)
-# id(attention module) -> the output its forward returns instead of computing it (`HFModel.resume`)
-_REUSE_ATTENTION: ContextVar[dict[int, Any] | None] = ContextVar("routescope_hf_reuse_attention", default=None)
+# (model, decoder index, output): that decoder layer's attention returns the output instead of computing it
+_REUSE_ATTENTION: ContextVar[tuple | None] = ContextVar("routescope_hf_reuse_attention", default=None)
 
 
-def _attention_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    reuse = _REUSE_ATTENTION.get()
-    if reuse is not None and id(module) in reuse:
-        return reuse[id(module)]
-    return type(module).forward(module, *args, **kwargs)
+def _wrap(module: nn.Module, wrapper: Any, key: Any) -> None:
+    """module.forward := wrapper(key, inner, *args, **kwargs), inner being the forward it had (the
+    class's, or one that accelerate's dispatch installed). A partial of bound methods: a deep copy of
+    the model calls its own modules. Wrapping a module a second time (a second HFModel over the same
+    transformers model) replaces the first wrapper, never nests it."""
+    inner = module.__dict__.get("forward")
+    if isinstance(inner, functools.partial) and getattr(inner, "routescope", False):
+        inner = inner.args[1]
+    if inner is None:
+        inner = types.MethodType(type(module).forward, module)
+    wrapped = functools.partial(wrapper, key, inner)
+    wrapped.routescope = True
+    module.forward = wrapped
 
 
-def _reusable(attention: nn.Module) -> bool:
-    """Make `attention`'s forward return a captured output when `_REUSE_ATTENTION` names it (else its
-    class's forward, as before; a forward hook cannot skip the computation). The instance attribute
-    is a bound method, so a deep copy calls its own module. False where something else (accelerate's
-    offload hooks) already replaced the forward: that attention is always computed."""
-    own = attention.__dict__.get("forward")
-    if own is None:
-        attention.forward = types.MethodType(_attention_forward, attention)
-        return True
-    return getattr(own, "__func__", None) is _attention_forward
 # config fields that count a layer's routed experts, by model type (the first present is lowered when pruning)
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 

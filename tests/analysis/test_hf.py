@@ -442,6 +442,35 @@ def test_one_instrumented_model_serves_concurrent_calls_with_their_own_ablations
     assert not (tr[f"{layer}.indices"] == 0).any()
 
 
+def test_no_hook_sits_on_a_module_and_a_deep_copy_routes_by_its_own_weights(saved):
+    """RouteScope wraps forwards instead of hooking modules (a hook sends every call of its module down
+    torch's slow path): no module carries a hook. A wrapper calls the module it belongs to, so a deep
+    copy routes, records and ablates by the copy's weights and leaves the original as it was."""
+    import copy
+
+    _, path = saved("qwen2_moe")  # a shared expert and its gate: every kind of wrapper
+    model, _ = load_checkpoint(path)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.hf.modules())
+    layer = list(model.routing_layers())[0]
+    sites = [f"{layer}.logits", f"{layer}.indices"]
+    x = torch.tensor(IDS)
+    with torch.no_grad():
+        before = model(x).logits
+        twin = copy.deepcopy(model)
+        twin.hf.get_submodule(layer).weight.neg_()  # the copy's router only
+        with tracing(sites) as a:
+            model(x)
+        with tracing(sites) as b:
+            twin(x)
+        with tracing(sites) as dropped:
+            twin(x, ablation=Ablation(drop=((layer, 0),)))
+        after = model(x).logits
+    assert torch.equal(b[f"{layer}.logits"], -a[f"{layer}.logits"])  # the first routing layer's input is shared
+    assert not torch.equal(b[f"{layer}.indices"], a[f"{layer}.indices"])
+    assert not (dropped[f"{layer}.indices"] == 0).any() and (b[f"{layer}.indices"] == 0).any()
+    assert torch.equal(before, after)
+
+
 def test_without_transformers_an_hf_directory_is_refused_in_one_line(saved, monkeypatch):
     """The README's set-up installs the hf extra; without it the shipped HF examples say what to install."""
     import sys
