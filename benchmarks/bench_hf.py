@@ -19,6 +19,10 @@ The shipped checkpoints/<name> when present, else the preset with random weights
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any, Callable
+
 import torch
 
 from benchmarks import common as C
@@ -116,6 +120,98 @@ def idle_child(p: dict) -> dict:
             "hooked_ms": C.ms(idle["hooked"])}
 
 
+# --- instructions per forward: deterministic where time is not -----------------------------------------
+
+COUNTED_CALLS = 5  # forwards counted per variant (after two uncounted warm-up calls)
+VARIANTS = ("plain", "hooked", "call", "traced")
+
+
+def counted(f: Callable[[], Any]) -> None:
+    """Run `f` as the comparator of one libc qsort call, so that valgrind's callgrind with
+    `--collect-atstart=no --toggle-collect=*qsort*` counts the instructions `f` executes and nothing
+    else (no interpreter start, import or model load; a fixed few hundred for the qsort itself)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    done: list[bool] = []
+
+    def compare(a, b) -> int:
+        if not done:
+            done.append(True)
+            f()
+        return 0
+    pair = (ctypes.c_int * 2)(0, 1)
+    libc.qsort(pair, 2, ctypes.sizeof(ctypes.c_int), ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(compare))
+
+
+def variant(model, ids, name: str) -> Callable[[], Any]:
+    if name in ("plain", "hooked"):
+        return direct(model, ids, name == "plain")
+    if name == "call":
+        return lambda: model(ids)
+
+    def traced() -> None:
+        with tracing():
+            model(ids)
+    return traced
+
+
+def instructions_child(p: dict) -> dict:
+    model, _, _ = _model(p["model"])
+    ids = C.random_ids(64, model.vocab_size, seed=1)
+    f = variant(model, ids, p["variant"])
+    with torch.no_grad():
+        f(), f()
+        counted(lambda: [f() for _ in range(p["calls"])])
+    return {}
+
+
+def instructions(name: str, which: str, threads: int) -> float:
+    """Instructions per forward of one variant, counted by callgrind in a fresh process."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    payload = json.dumps({"kind": "instructions", "model": name, "variant": which, "calls": COUNTED_CALLS})
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=*qsort*",
+               f"--callgrind-out-file={out}", sys.executable, "-m", "benchmarks.bench_hf", "--threads", str(threads),
+               "--child", payload]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+        proc = subprocess.run(cmd, cwd=C.ROOT, env=env, capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"callgrind child failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        totals = [int(line.split()[1]) for line in out.read_text().splitlines() if line.startswith("totals:")]
+    return totals[0] / COUNTED_CALLS
+
+
+def instruction_table(args, rep: C.Report) -> None:
+    """Each variant's instructions per forward on the tiny models (two callgrind processes at a time:
+    counts do not depend on the load). Not the goal, which is time; where time moves by more than the
+    effect being measured, this says what the code itself costs."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    if shutil.which("valgrind") is None:
+        rep.notes.append("instructions per forward: not measured (valgrind is not installed)")
+        return
+    jobs = [(m, v) for m in PRESETS for v in VARIANTS]
+    with ThreadPoolExecutor(2) as pool:
+        got = dict(zip(jobs, pool.map(lambda j: instructions(*j, args.threads), jobs)))
+    t = C.Table("Instructions per forward (valgrind callgrind, deterministic; batch 1, 64 tokens)",
+                ["model", *(f"{v} (M)" for v in VARIANTS), "hooked/plain", "call/plain", "traced/call"])
+    for m in PRESETS:
+        n = {v: got[(m, v)] for v in VARIANTS}
+        t.add(m, *(f"{n[v] / 1e6:.2f}" for v in VARIANTS), f"{n['hooked'] / n['plain']:.4f}x",
+              f"{n['call'] / n['plain']:.4f}x", f"{n['traced'] / n['call']:.4f}x")
+    t.notes.append(f"each: one fresh process under `valgrind --tool=callgrind`, counting only {COUNTED_CALLS} forwards "
+                   "after two warm-up calls (`counted`); instructions are not time (a cache miss costs more than an "
+                   "add), but they do not move with the machine's load or a process's memory layout")
+    rep.tables.append(t)
+
+
 def run(args) -> C.Report:
     rep = C.Report("bench_hf", "Hugging Face MoE: instrumentation cost (batch 1, 64 tokens)")
     t = C.Table("Forward latency: plain transformers vs the same model with idle hooks, RouteScope's call, every site traced",
@@ -171,8 +267,14 @@ def run(args) -> C.Report:
                    f"the call/plain and twin/plain ratios use; traced/call: of its own interleave of the two, "
                    f"{3 * n_reps} repetitions (in brackets: from the five-variant interleave); `sites` = sites recorded")
     rep.tables.append(t)
+    if not args.quick:
+        instruction_table(args, rep)
     return rep
 
 
+def child(p: dict) -> dict:
+    return instructions_child(p) if p.get("kind") == "instructions" else idle_child(p)
+
+
 if __name__ == "__main__":
-    C.main(run, __doc__, child=idle_child)
+    C.main(run, __doc__, child=child)
