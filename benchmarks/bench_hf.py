@@ -1,15 +1,17 @@
 """Issue 21: the cost of instrumenting a Hugging Face MoE model (batch 1, 64 tokens).
 
 Five variants, interleaved: `plain` (the very transformers module tree RouteScope instruments,
-called directly with every RouteScope hook and forward override detached for the call), `hooked`
-(the same call with them attached: its permanent hooks idle), `call` (RouteScope's model call
-around it: input and option checks, the call state, the hooks idle), `traced` (every site
-recorded) and `twin` (a second transformers instance sharing the very same parameter tensors, never
-instrumented). Goals: hooked / plain <= 1.02 (the instrumentation idle, as bench_trace measures our
-own families' sites: the same call path with and without them; the median over five fresh processes,
-`idle_child`); traced / call <= 1.10 (from its own
-two-variant interleave, as the idle goal: a variant run between them widens the noise). call / plain
-is reported with its absolute cost: RouteScope's per-call checks, a fixed few tens of microseconds.
+called directly with every RouteScope wrapped forward detached for the call), `hooked` (the same
+call with them attached and idle; the name is from when they were hooks), `call` (RouteScope's
+model call around it: input and option checks, the call state, the wrappers idle), `traced` (every
+site recorded) and `twin` (a second transformers instance sharing the very same parameter tensors,
+never instrumented). Goals: hooked / plain <= 1.02 (the instrumentation idle, as bench_trace
+measures our own families' sites: the same call path with and without them; the median over five
+fresh processes, `idle_child`); traced / call <= 1.10 (from its own two-variant interleave, as the
+idle goal: a variant run between them widens the noise). call / plain is reported with its
+absolute cost: RouteScope's per-call checks. Where valgrind is installed, a second table counts
+each variant's instructions per forward (`instruction_table`): the same ratios, free of the
+machine's timing noise (not in --quick).
 
 Why `plain` is the same instance and `twin` only a control: two identical instances sharing every
 parameter differ by up to about 5% on the 2-core CPU (measured in session 35: four twins of
