@@ -17,7 +17,7 @@ import torch
 from routescope.analysis.runs.attribution import PathAttribution, TokenAttribution
 from routescope.analysis.runs.effects import ablation_effects
 from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes, placement_setting
-from routescope.analysis.runs.session import RunSettings, run_prompt
+from routescope.analysis.runs.session import RunSettings, run_prompt, run_table
 from routescope.analysis.runs.usage import run_usage
 from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, weight_files
 from routescope.core_models.devices import resolve_device
@@ -65,7 +65,8 @@ def _load(path: str, mtime: float, device: str, dtype: str, device_map: str = "n
 @st.cache_resource(max_entries=256, show_spinner=False)
 def run(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation):
     model, tok = load(path, mtime)
-    return run_prompt(model, tok, prompt, settings=settings, ablation=ablation, model_name=Path(path).name)
+    return run_prompt(model, tok, prompt, settings=settings, ablation=ablation, model_name=Path(path).name,
+                      table=False)  # built for the Export view only (`export_bytes`)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
@@ -91,7 +92,7 @@ def route_grid(path: str, mtime: float, prompt: str, settings: RunSettings, abla
 def export_bytes(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation) -> dict[str, bytes]:
     """The routing table of a run as CSV and Parquet bytes (built once per run)."""
     from routescope.analysis.export.tables import table_bytes
-    table = run(path, mtime, prompt, settings, ablation).table
+    table = run_table(run(path, mtime, prompt, settings, ablation), load(path, mtime)[0])
     return {fmt: table_bytes(table, fmt) for fmt in ("csv", "parquet")}
 
 

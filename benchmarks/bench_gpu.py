@@ -172,8 +172,9 @@ def main() -> None:
 
     prompt = tok.decode(ids[0].tolist())
     settings = RunSettings(max_new_tokens=0)
-    t = timed(lambda: draw_run(run_prompt(model, tok, prompt, settings=settings), model))
-    toggles = [timed(lambda o=o: draw_run(run_prompt(model, tok, prompt, settings=settings,
+    # as the app: the views and figures, without the long export table (its Export view builds it)
+    t = timed(lambda: draw_run(run_prompt(model, tok, prompt, settings=settings, table=False), model))
+    toggles = [timed(lambda o=o: draw_run(run_prompt(model, tok, prompt, settings=settings, table=False,
                                                      ablation=Ablation(drop=((layer, o),))), model))
                for o in range(3)]
     emit("views", first_heatmap_s=ours_load + t, minus_plain_load_s=ours_load + t - plain_load,

@@ -12,8 +12,9 @@ two runs:
 - plain: `AutoModelForCausalLM.from_pretrained(dtype="auto", trust_remote_code=False)`, a forward of 64 tokens, a forward
   over the corpus batches (4 x 64 tokens each);
 - routescope: `rs.load` (dtype auto), pick -> first routing heatmap (load, a traced prompt pass of
-  the same 64 tokens as plain's forward, `prompt_of`, with its views, the figures drawn), a drop toggle (the same prompt with one expert
-  dropped, views included), the corpus statistics over the same batches, and `routescope export`
+  the same 64 tokens as plain's forward, `prompt_of`, with its views, the figures drawn; as the app,
+  without the long export table, which only its Export view builds), a drop toggle (the same prompt
+  with one expert dropped, views and figures included), the corpus statistics over the same batches, and `routescope export`
   of one 64-token prompt as its own process.
 
 Goals (issue 27): load <= 1.1x plain; peak anonymous memory <= 1.1x plain; pick -> heatmap <=
@@ -169,7 +170,7 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
             settings = RunSettings(max_new_tokens=0)
             out["prompt_tokens"] = len(tok.encode(prompt).ids)  # what run_prompt encodes: TOKENS, as plain's
             t0 = time.perf_counter()
-            run = run_prompt(model, tok, prompt, settings=settings)
+            run = run_prompt(model, tok, prompt, settings=settings, table=False)  # as the app: no export table
             figs, _ = draw_run(run, model)
             out["first_heatmap_s"] = out["load_s"] + time.perf_counter() - t0
             out["figures"] = sorted(figs)
@@ -177,7 +178,8 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
             times = []
             for o in range(3):  # as the app redraws after a toggle: the prompt pass, its views and figures
                 t0 = time.perf_counter()
-                draw_run(run_prompt(model, tok, prompt, settings=settings, ablation=Ablation(drop=((layer, o),))), model)
+                draw_run(run_prompt(model, tok, prompt, settings=settings, ablation=Ablation(drop=((layer, o),)),
+                                    table=False), model)
                 times.append(time.perf_counter() - t0)
             out["toggle_s"] = C.median(times)
             out["corpus_tok_s"] = _corpus_throughput(model, vocab)

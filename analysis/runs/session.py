@@ -61,7 +61,8 @@ class Run:
     generation: Generation
     tokens: list[str]  # decoded text of every position as run (prompt, then generated), token by token
     spans: list[TokenSpan]  # every position once, in order: single tokens, or tokens decoding only together
-    table: pd.DataFrame  # the export table (analysis.export.columns.EXPORT_SCHEMA)
+    table: pd.DataFrame | None  # the export table (analysis.export.columns.EXPORT_SCHEMA); None where
+    # run_prompt was asked not to build it (the app builds it for the Export view only: `run_table`)
     views: RunViews  # the family's routing views: name -> View (tidy frame + drawer), read-only
     seconds: float  # wall time of the run (forward passes + analyses)
     second_trace: Trace | None = None  # the family's second pass (Wiola: token merging on)
@@ -130,8 +131,12 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
 
 @torch.inference_mode()
 def run_prompt(model: RouteScopeLM, tokenizer: Any, prompt: str, *, settings: RunSettings = RunSettings(),
-               ablation: Ablation | None = None, model_name: str = "model", prompt_id: str = "p0") -> Run:
-    """Generate, trace every routing site of prompt and continuation, and build the tables."""
+               ablation: Ablation | None = None, model_name: str = "model", prompt_id: str = "p0",
+               table: bool = True) -> Run:
+    """Generate, trace every routing site of prompt and continuation, and build the views and (with
+    `table`) the export table. The app passes table=False: its routing views and every ablation
+    toggle never read the long table (at 64 experts x 16 layers, 65,536 rows for 64 tokens), and its
+    Export view builds it once (`run_table`)."""
     t0 = time.perf_counter()
     ablation = ablation or Ablation()
     options = model.check_options(dict(settings.options))  # a family's own options, or a clear error
@@ -142,14 +147,23 @@ def run_prompt(model: RouteScopeLM, tokenizer: Any, prompt: str, *, settings: Ru
     tokens = decode_tokens(tokenizer, gen.ids)
     family = family_analysis(model)
     second = family.second_pass(model, gen.ids, ablation, options) if family.second_pass else None
-    meta = ExportMeta(model=model_name, rows=[RowMeta(prompt_id=prompt_id, token_ids=gen.ids, tokens=tokens,
-                                                      n_prompt=len(gen.prompt_ids))],
-                      ablation=ablation.describe(), seed=settings.seed)
     views = routing_views(gen.trace, model, second=second, options=options)
-    table = routing_table(gen.trace, model, meta=meta, views=views)  # reuses the views' frames
-    return Run(model_name=model_name, family=model.config.label, prompt=prompt, settings=settings,
-               ablation=ablation, generation=gen, tokens=tokens, spans=token_spans(tokenizer, gen.ids), table=table,
-               views=views, seconds=time.perf_counter() - t0, second_trace=second, notes=list(gen.notes))
+    run = Run(model_name=model_name, family=model.config.label, prompt=prompt, settings=settings,
+              ablation=ablation, generation=gen, tokens=tokens, spans=token_spans(tokenizer, gen.ids), table=None,
+              views=views, seconds=0.0, second_trace=second, notes=list(gen.notes))
+    if table:
+        run.table = run_table(run, model, prompt_id=prompt_id)
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+def run_table(run: Run, model: RouteScopeLM, *, prompt_id: str = "p0") -> pd.DataFrame:
+    """The run's export table (analysis.export.columns.EXPORT_SCHEMA), from its trace; reuses the
+    views' frames."""
+    meta = ExportMeta(model=run.model_name, rows=[RowMeta(prompt_id=prompt_id, token_ids=run.ids, tokens=run.tokens,
+                                                          n_prompt=run.n_prompt)],
+                      ablation=run.ablation.describe(), seed=run.settings.seed)
+    return routing_table(run.generation.trace, model, meta=meta, views=run.views)
 
 
 def candidates_table(run: Run, tokenizer: Any = None) -> pd.DataFrame:

@@ -42,3 +42,23 @@ def test_a_family_option_given_to_a_model_without_it_is_named(tokenizer):
     model = tiny_model("gumbel_v2", vocab_size=tokenizer.get_vocab_size())
     with pytest.raises(ValueError, match="atm_tau: not an option of papaformer-gumbel-v2 models"):
         run_prompt(model, tokenizer, "Once upon", settings=RunSettings(options=(("atm_tau", 0.5),)))
+
+
+@pytest.mark.parametrize("key", ["moep", "gumbel_v2"])
+def test_the_export_table_built_later_equals_the_one_built_with_the_run(tokenizer, key):
+    """The app runs prompts without the long export table (its routing views and toggles never read
+    it) and builds it for the Export view from the run: the same table, cell for cell."""
+    import pandas as pd
+
+    from routescope.analysis.runs.session import run_table
+    from routescope.core_models.runtime import Ablation
+
+    model = tiny_model(key, vocab_size=tokenizer.get_vocab_size())
+    layer = next(iter(model.routing_layers()))
+    settings = RunSettings(max_new_tokens=3)
+    for ablation in (None, Ablation(drop=((layer, 0),))):
+        whole = run_prompt(model, tokenizer, "Once upon a time", settings=settings, ablation=ablation, model_name="m")
+        light = run_prompt(model, tokenizer, "Once upon a time", settings=settings, ablation=ablation, model_name="m",
+                           table=False)
+        assert light.table is None and len(whole.table) > 0
+        pd.testing.assert_frame_equal(run_table(light, model), whole.table)
