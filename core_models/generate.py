@@ -44,7 +44,9 @@ class Generation:
     new_ids: list[int]
     steps: list[Step]
     truncated: int = 0  # prompt tokens dropped from the front to fit the context
-    prompt_logits: torch.Tensor | None = None  # (T_prompt, V) logits at every prompt position
+    prompt_logits: torch.Tensor | None = None  # (T_prompt, V) logits at every prompt position, where asked
+    # for (`keep_prompt_logits`): float32 at the model's vocabulary, 12.9 MB for 64 tokens of 50,304, kept
+    # by every cached run otherwise
     trace: Trace | None = None  # prompt records first, then one record per generated token
     notes: list[str] = field(default_factory=list)
 
@@ -80,8 +82,9 @@ def filter_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 def generate(model: RouteScopeLM, prompt_ids: list[int], *, max_new_tokens: int = 32,
              sampling: Sampling = Sampling(), top_n: int = 5, ablation: Ablation | None = None,
              routing: str = "deterministic", routing_seed: int = 0, trace_sites: list[str] | None | bool = False,
-             stop_ids: tuple[int, ...] = ()) -> Generation:
-    """Decode greedily or by sampling. `trace_sites`: False = no trace, None = every site, or names."""
+             stop_ids: tuple[int, ...] = (), keep_prompt_logits: bool = False) -> Generation:
+    """Decode greedily or by sampling. `trace_sites`: False = no trace, None = every site, or names.
+    `keep_prompt_logits`: keep the prompt pass's logits on the result (`Generation.prompt_logits`)."""
     if not prompt_ids:
         raise InputError("empty prompt: nothing to continue")
     if max_new_tokens < 0:
@@ -100,9 +103,11 @@ def generate(model: RouteScopeLM, prompt_ids: list[int], *, max_new_tokens: int 
     trace_ctx = tracing(None if trace_sites is None else list(trace_sites)) if trace_sites is not False else None
     tr = trace_ctx.__enter__() if trace_ctx else None
     try:
-        logits = model(torch.tensor([ids], device=device), **call).logits[0].cpu()  # (T, V)
-        gen.prompt_logits = logits
-        last = logits[-1]
+        logits = model(torch.tensor([ids], device=device), **call).logits[0]  # (T, V)
+        last = logits[-1].to("cpu", copy=True)  # a row of its own: a view would keep every row alive
+        if keep_prompt_logits:
+            gen.prompt_logits = logits.cpu()
+        del logits
         for i in range(max_new_tokens):
             probs = torch.softmax(last.float(), -1)
             if sampling.greedy:

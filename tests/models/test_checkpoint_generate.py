@@ -89,6 +89,16 @@ def test_greedy_generation_matches_full_recompute_and_reports_top_k():
     assert gen.ids == seq
 
 
+def test_the_prompt_pass_logits_are_kept_only_when_asked_for():
+    """A run kept in the app's cache holds no (prompt, vocabulary) logits unless asked; asked, they
+    are the model's own logits of the prompt."""
+    model = tiny_model("moep")
+    prompt = torch.randint(0, 97, (7,)).tolist()
+    assert generate(model, prompt, max_new_tokens=2).prompt_logits is None
+    kept = generate(model, prompt, max_new_tokens=2, keep_prompt_logits=True).prompt_logits
+    assert_close_to_scale(kept, model(torch.tensor([prompt])).logits[0], FORWARD_EPS, msg="prompt logits")
+
+
 def test_generation_applies_ablation_and_records_routing_per_step():
     model = tiny_model("gumbel_v1")
     prompt = [1, 2, 3, 4]

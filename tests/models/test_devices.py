@@ -308,8 +308,10 @@ def test_on_an_accelerator_sampled_routes_and_generation_match_the_cpu(tmp_path,
     ck = saved(tmp_path, "gumbel_v2")
     cpu, _ = load_checkpoint(ck)
     acc, _ = load_checkpoint(ck, device=device)
-    a = generate(cpu, IDS[0], max_new_tokens=4, routing="sampled", routing_seed=3, trace_sites=None)
-    b = generate(acc, IDS[0], max_new_tokens=4, routing="sampled", routing_seed=3, trace_sites=None)
+    a = generate(cpu, IDS[0], max_new_tokens=4, routing="sampled", routing_seed=3, trace_sites=None,
+                 keep_prompt_logits=True)
+    b = generate(acc, IDS[0], max_new_tokens=4, routing="sampled", routing_seed=3, trace_sites=None,
+                 keep_prompt_logits=True)
     assert b.prompt_logits.device.type == "cpu"
     assert_close_to_scale(b.prompt_logits, a.prompt_logits, FORWARD_EPS, msg="prompt logits")
     choice = [n for n in a.trace.names() if n.endswith("router.choice")]
