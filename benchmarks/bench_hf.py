@@ -216,7 +216,7 @@ def instruction_table(args, rep: C.Report) -> None:
 
 def run(args) -> C.Report:
     rep = C.Report("bench_hf", "Hugging Face MoE: instrumentation cost (batch 1, 64 tokens)")
-    t = C.Table("Forward latency: plain transformers vs the same model with idle hooks, RouteScope's call, every site traced",
+    t = C.Table("Forward latency: plain transformers vs the same model with idle wrappers, RouteScope's call, every site traced",
                 ["model", "weights", "sites", "plain ms", "hooked ms", "call ms", "traced ms", "hooked/plain",
                  "call/plain (us)", "traced/call", "twin/plain (control)"])
     n_reps, inner = C.reps(args, 60, 5), (1 if args.quick else 3)
@@ -258,7 +258,7 @@ def run(args) -> C.Report:
               f"{C.fmt(call_ratio, 'x')} ({(C.ms(s['call']) - C.ms(s['plain'])) * 1e3:+.0f})",
               f"{C.fmt(trace_ratio, 'x')} ({C.fmt(C.ratio(s['traced'], s['call']), 'x')})",
               C.fmt(C.ratio(s["twin"], s["plain"]), "x"))
-        rep.goals.append(C.Goal(f"21.idle.{name}", f"{name}: router hooks idle vs the same model without them",
+        rep.goals.append(C.Goal(f"21.idle.{name}", f"{name}: RouteScope's wrapped forwards idle vs the same model without them",
                                 "<=", 1.02, hook_ratio))
         rep.goals.append(C.Goal(f"21.trace.{name}", f"{name}: every site traced vs untraced", "<=", 1.10, trace_ratio))
     t.notes.append("hooked/plain (the idle goal): the median over fresh processes, each its own interleave of the two "
