@@ -21,7 +21,6 @@ The shipped checkpoints/<name> when present, else the preset with random weights
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -167,21 +166,14 @@ def instructions_child(p: dict) -> dict:
 
 def instructions(name: str, which: str, threads: int) -> float:
     """Instructions per forward of one variant, counted by callgrind in a fresh process."""
-    import os
-    import subprocess
-    import sys
     import tempfile
 
-    payload = json.dumps({"kind": "instructions", "model": name, "variant": which, "calls": COUNTED_CALLS})
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
-        cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=*qsort*",
-               f"--callgrind-out-file={out}", sys.executable, "-m", "benchmarks.bench_hf", "--threads", str(threads),
-               "--child", payload]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONHASHSEED": "0"}
-        proc = subprocess.run(cmd, cwd=C.ROOT, env=env, capture_output=True, text=True, timeout=3600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"callgrind child failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        C.run_child("benchmarks.bench_hf", {"kind": "instructions", "model": name, "variant": which,
+                                            "calls": COUNTED_CALLS}, threads, timeout=3600,
+                    prefix=("valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=*qsort*",
+                            f"--callgrind-out-file={out}"), env={"PYTHONHASHSEED": "0"})
         totals = [int(line.split()[1]) for line in out.read_text().splitlines() if line.startswith("totals:")]
     return totals[0] / COUNTED_CALLS
 

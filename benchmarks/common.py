@@ -282,10 +282,12 @@ def corpus_prompts(n: int, seed: int = 0) -> list[str]:
 
 # --- subprocesses and command lines ------------------------------------------------------------
 
-def run_child(module: str, payload: dict[str, Any], threads: int, timeout: float = 1800) -> dict[str, Any]:
-    """Run `python -m module --child JSON` in a fresh process; it prints one JSON line last."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", module, "--threads", str(threads), "--child", json.dumps(payload)]
+def run_child(module: str, payload: dict[str, Any], threads: int, timeout: float = 1800,
+              prefix: tuple[str, ...] = (), env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `python -m module --child JSON` in a fresh process (under `prefix`, e.g. a valgrind command
+    line, with `env` added); it prints one JSON line last."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    cmd = [*prefix, sys.executable, "-m", module, "--threads", str(threads), "--child", json.dumps(payload)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{module} child failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
