@@ -64,9 +64,10 @@ def plain_twin(model):
 class Detached:
     """Every forward hook and instance `forward` of a module tree, swapped out while the block runs and
     put back after. Entering with `detach=False` does the same dictionary work without removing
-    anything, so both timed sides pay the swap. Not quite the same cost: counted by callgrind on
-    mixtral-tiny (session 37), a swap takes 0.67 M instructions detaching and 0.59 M leaving them on,
-    about 0.2% of a forward in the hooked side's favour; `instruction_table` counts without it."""
+    anything, so both timed sides pay the swap. Not quite the same cost: under callgrind on
+    mixtral-tiny (session 37) hooked minus plain read +20 thousand instructions a forward with the
+    swap around each call and +158 thousand with it outside the count, a bias of about 0.4% of a
+    forward in the hooked side's favour; `instruction_table` counts without it."""
 
     HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
              "_forward_hooks_with_kwargs")
