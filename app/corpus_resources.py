@@ -16,7 +16,7 @@ from routescope.analysis.corpus import data as D
 from routescope.analysis.corpus.run import CorpusJob, CorpusJobs, CorpusResult, CorpusSettings, run_corpus
 from routescope.analysis.environment import device_setting
 from routescope.analysis.runs.prompts import TokenText
-from routescope.core_models.runtime import NO_ABLATION, Ablation
+from routescope.core_models.ablation import NO_ABLATION, Ablation
 
 from routescope.app import resources
 

@@ -15,8 +15,9 @@ from routescope.app.views import ablation, attribution, corpus, diff, experts, e
 from routescope.analysis.runs.prompts import prompt_problem  # noqa: E402
 from routescope.app.messages import show_error  # noqa: E402
 from routescope.rendering.route_grid import CSS as STYLES  # noqa: E402
+from routescope.core_models.ablation import Ablation  # noqa: E402
 from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
-from routescope.core_models.runtime import Ablation, AblationError  # noqa: E402
+from routescope.core_models.specs import AblationError  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
 VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Experts", "Export"]  # every family's

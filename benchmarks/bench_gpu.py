@@ -113,8 +113,9 @@ def main() -> None:
     from benchmarks.bench_realsize import build
     from routescope.analysis.runs.session import RunSettings, run_prompt
     from routescope.rendering.drawers import draw_run
+    from routescope.core_models.ablation import Ablation
     from routescope.core_models.generate import generate
-    from routescope.core_models.runtime import Ablation, tracing
+    from routescope.core_models.trace import tracing
 
     cuda = DEVICE == "cuda"
     emit("env", torch=torch.__version__, transformers=transformers.__version__,
@@ -228,13 +229,13 @@ def main() -> None:
 def _synchronous_copies(fn: Callable[..., Any], *args: Any) -> Any:
     """`fn(*args)` with each trace record copied to the CPU as it fires (the trace as it was before
     its copies went asynchronous): the same work, one wait for the GPU per recorded site."""
-    from routescope.core_models import runtime
+    from routescope.core_models.trace import Trace
 
-    runtime.Trace.deferred_copies = False
+    Trace.deferred_copies = False
     try:
         return fn(*args)
     finally:
-        runtime.Trace.deferred_copies = True
+        Trace.deferred_copies = True
 
 
 def _traced(model: Any, ids: torch.Tensor, tracing: Any) -> None:

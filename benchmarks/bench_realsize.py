@@ -165,7 +165,7 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
         else:
             from routescope.analysis.runs.session import RunSettings, run_prompt
             from routescope.rendering.drawers import draw_run
-            from routescope.core_models.runtime import Ablation
+            from routescope.core_models.ablation import Ablation
 
             settings = RunSettings(max_new_tokens=0)
             out["prompt_tokens"] = len(tok.encode(prompt).ids)  # what run_prompt encodes: TOKENS, as plain's

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from routescope.analysis.corpus import run as R
     from routescope.analysis.runs.prompts import TokenText
     from routescope.analysis.runs.usage import ablation_for, corpus_usage
-    from routescope.core_models.runtime import NO_ABLATION
+    from routescope.core_models.ablation import NO_ABLATION
 
     formats = _formats(args.format)
     intended = S.parse_intended(args.intended)

@@ -105,7 +105,7 @@ class ChoicesOf(Sequence[str]):
     Give a metavar (argparse formats the choices into one when an argument is added) and list the
     choices in the help text, which is formatted only when shown:
 
-        p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.runtime", "ROUTING_MODES"),
+        p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.run_state", "ROUTING_MODES"),
                        metavar="MODE", help="one of %(choices)s")
     """
 
@@ -133,9 +133,9 @@ class ChoicesOf(Sequence[str]):
 
 def add_ablation_options(p: argparse.ArgumentParser, routing: bool = True, top_over: str = "the prompts") -> None:
     """--routing (unless `routing` is False), --drop, --force and --mode, as generate, export and
-    corpus take them (specs: core_models.runtime's grammar; `top_over`: what "topN" counts over)."""
+    corpus take them (specs: core_models.specs' grammar; `top_over`: what "topN" counts over)."""
     if routing:
-        p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.runtime", "ROUTING_MODES"),
+        p.add_argument("--routing", choices=ChoicesOf("routescope.core_models.run_state", "ROUTING_MODES"),
                        default="deterministic", metavar="MODE",
                        help="Gumbel routing at inference, one of %(choices)s (default %(default)s)")
     p.add_argument("--drop", action="append", default=[], metavar="SPEC",

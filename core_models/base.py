@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import runtime
+from .ablation import NO_ABLATION, Ablation
 from .config import BaseConfig
 from .layers import Attention
-from .runtime import Ablation, KVCache, RunState
+from .run_state import ROUTING_MODES, KVCache, RunState, running
 from .sites import RoutingLayer, Site, name_sites
 from .sites import routing_layers as find_routing_layers
 
@@ -131,18 +131,18 @@ class RouteScopeLM(nn.Module):
             idx = pinned.to(device, non_blocking=pinned.is_pinned())
         if pad_mask is not None and pad_mask.device != device:
             pad_mask = pad_mask.to(device)
-        ablation = ablation or runtime.NO_ABLATION
+        ablation = ablation or NO_ABLATION
         if not ablation.is_empty:
             ablation.validate(self.routing_layers(), self.ablation_modes())
-        if routing not in runtime.ROUTING_MODES:
-            raise ValueError(f"routing = {routing!r}: expected one of {runtime.ROUTING_MODES}")
+        if routing not in ROUTING_MODES:
+            raise ValueError(f"routing = {routing!r}: expected one of {ROUTING_MODES}")
         options = self.check_options(options)
         if generator is None and (routing == "sampled" or self.training):
             generator = torch.Generator().manual_seed(0 if seed is None else seed)
         state = RunState(ablation=ablation, routing=routing, generator=generator, cache=cache,
                          training=self.training, pad_mask=pad_mask, options=options, row_ablations=row_ablations,
                          float_logits=float_logits)
-        with runtime.running(state):
+        with running(state):
             logits = self._forward(idx)
         if cache is not None:
             cache.pos += idx.shape[1]

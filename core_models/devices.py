@@ -12,7 +12,7 @@ Reduced precision (`bfloat16`, `float16`) applies to the parameters only: the po
 models compute at construction (RoPE / SRPE cos and sin) stay float32 buffers, and every family
 already runs its norms, rotary, softmaxes and logits in float32. Token inputs, the routing
 generator (Gumbel noise is drawn on the CPU, so sampled routes do not depend on the device) and
-recorded traces (`runtime.Trace`: CPU, float32) are independent of where the model runs.
+recorded traces (`trace.Trace`: CPU, float32) are independent of where the model runs.
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .ablation import Ablation
 from .base import InputError, RouteScopeLM
-from .runtime import Ablation, Trace, tracing
+from .trace import Trace, tracing
 
 log = logging.getLogger(__name__)
 

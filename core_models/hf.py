@@ -4,7 +4,7 @@ Nothing here re-implements a model: `HFModel` holds the `AutoModelForCausalLM` t
 builds from the checkpoint and instruments it by wrapping, once at load, the `forward` of each router,
 experts module, shared expert, decoder layer and routing layer's attention (`_wrap`: an instance
 attribute that calls the module's own forward). A wrapper reads the call in progress
-(`runtime.current()`: ablation) and the active trace (`runtime.active_trace()`) from the same
+(`current()`: ablation) and the active trace (`active_trace()`) from the same
 ContextVars as our own sites. Idle, it costs those ContextVar reads and one Python call; no
 RouteScope hook sits on a module (a hook sends every call of its module down torch's slow path,
 which cost about 2.5% of a tiny Mixtral's forward), and nothing per call ever lives on a module, so
@@ -58,12 +58,14 @@ from torch import nn
 from safetensors import SafetensorError
 from torch.overrides import TorchFunctionMode
 
-from . import runtime
+from .ablation import Ablation
 from .base import RouteScopeLM
 from .config import BaseConfig
 from .devices import DTYPES, TooLarge, require_fits, run_dtype
-from .runtime import AblationError, KVCache
+from .run_state import KVCache, RunState, current, running
 from .sites import INDICES, LOGITS, PROBS, WEIGHTS, RoutingLayer, Site, site_name
+from .specs import ALL_LAYERS, AblationError
+from .trace import Trace, active_trace
 
 
 # Model types transformers ships whose routing RouteScope cannot follow yet, each with the reason
@@ -453,7 +455,7 @@ class HFModel(RouteScopeLM):
         return out
 
     def _router_forward(self, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
-        st, tr = runtime.current(), runtime.active_trace()
+        st, tr = current(), active_trace()
         dropped, row_mask = self._dropped_now(name, st) if st.row_ablations is not None or not st.ablation.is_empty \
             else (_NONE, None)
         layer = self.routing_modules[name]
@@ -480,21 +482,21 @@ class HFModel(RouteScopeLM):
             cap = _CAPTURE.get()
             if cap is not None:
                 cap.experts[name] = tuple(args[:3])
-            tr = runtime.active_trace()
+            tr = active_trace()
             if tr is not None:
                 roles = self.routing_modules[name].roles
                 self._visit(tr, roles[INDICES], args[1])
                 self._visit(tr, roles[WEIGHTS], args[2])
         return inner(*args, **kwargs)
 
-    def _visit(self, tr: runtime.Trace, site: str, x: Any) -> None:
+    def _visit(self, tr: Trace, site: str, x: Any) -> None:
         if isinstance(x, torch.Tensor) and tr.wants(site):
             tr.visit(site, x.reshape(_BATCH.get(), -1, x.shape[-1]), 1, self.sites[site].shape)
 
     def _shared_forward(self, layer: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
         """A shared expert: its output zeroed where the call drops it (the layer's last option)."""
         output = inner(*args, **kwargs)
-        st = runtime.current()
+        st = current()
         option = self.routing_modules[layer].n_experts
         if st.row_ablations is not None:
             drop = torch.tensor([option in a.dropped(layer) for a in st.row_ablations], device=output.device)
@@ -508,12 +510,12 @@ class HFModel(RouteScopeLM):
 
     def _gate_forward(self, site: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
         output = inner(*args, **kwargs)
-        tr = runtime.active_trace()
+        tr = active_trace()
         if tr is not None and tr.wants(site):
             self._visit(tr, site, output)
         return output
 
-    def _dropped_now(self, layer: str, st: runtime.RunState) -> tuple[frozenset[int], torch.Tensor | None]:
+    def _dropped_now(self, layer: str, st: RunState) -> tuple[frozenset[int], torch.Tensor | None]:
         """The routed experts the call in progress drops at `layer` (all rows together), and where rows
         carry different ablations a [rows, n] mask of each row's (else None)."""
         if st.row_ablations is None:
@@ -527,7 +529,7 @@ class HFModel(RouteScopeLM):
             mask[r, list(p)] = True
         return union, mask
 
-    def _dropped_experts(self, layer: str, ab: runtime.Ablation) -> frozenset[int]:
+    def _dropped_experts(self, layer: str, ab: Ablation) -> frozenset[int]:
         """The routed experts the call drops at `layer` (forcing one drops the others)."""
         if ab.is_empty:
             return frozenset()
@@ -546,7 +548,7 @@ class HFModel(RouteScopeLM):
                 self._check_ablation(ab)
         return super().forward(idx, **kw)
 
-    def _check_ablation(self, ab: runtime.Ablation) -> None:
+    def _check_ablation(self, ab: Ablation) -> None:
         """Refusals beyond `Ablation.validate` that follow from how transformers routes."""
         for layer, m in self.routing_modules.items():
             if m.shared and ab.forced(layer) == m.n_experts:
@@ -564,7 +566,7 @@ class HFModel(RouteScopeLM):
                                     "dropped; at least one must remain")
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
-        st = runtime.current()
+        st = current()
         past = st.cache.extra.get("hf") if st.cache is not None else None
         attention = None if st.pad_mask is None else (~st.pad_mask).long()
         if attention is not None and past is not None:
@@ -605,7 +607,7 @@ class HFModel(RouteScopeLM):
             _CAPTURE.reset(token)
         return cap
 
-    def resume(self, prefix: Prefix, layer: str, row_ablations: list[runtime.Ablation] | tuple, *,
+    def resume(self, prefix: Prefix, layer: str, row_ablations: list[Ablation] | tuple, *,
                head: bool = True) -> torch.Tensor:
         """Logits [len(row_ablations), pos, vocab] (float32) of the captured batch repeated
         len(row_ablations) / prefix.rows times, block j of rows under ablations j * rows ..., run from
@@ -622,16 +624,16 @@ class HFModel(RouteScopeLM):
         before = set(order[:order.index(layer)])
         for ab in set(row_ablations):
             ab.validate(self.routing_layers())
-            if any(l in before or l == runtime.ALL_LAYERS for l, _ in ab.drop) or ab.force or ab.modes:
+            if any(l in before or l == ALL_LAYERS for l, _ in ab.drop) or ab.force or ab.modes:
                 raise ValueError(f"resume from {layer}: ablation {ab.describe()} touches an earlier layer or forces")
             self._check_ablation(ab)
         m, stack = len(row_ablations) // R, self.hf.get_submodule(self._stack)
         copies: dict[int, Any] = {}
         h = None
-        state = runtime.RunState(row_ablations=tuple(row_ablations))
+        state = RunState(row_ablations=tuple(row_ablations))
         reuse = (self, start, _repeat_rows(prefix.attention[start], R, m, copies)) \
             if start in prefix.attention else None
-        with runtime.running(state):
+        with running(state):
             token = _BATCH.set(len(row_ablations))
             try:
                 for i in range(start, len(stack)):

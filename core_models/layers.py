@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import runtime
+from .run_state import RunState, current
 from .sites import RoutingLayer, Site
 
 NORMS = ("rms", "layer")
@@ -137,7 +137,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         H, Hkv = self.n_heads, self.n_kv
-        st = runtime.current()
+        st = current()
         start = st.cache.pos if st.cache is not None else 0
         qkv = self.qkv(x).view(B, T, H + 2 * Hkv, self.hd)  # (B, T, heads, hd)
         qk, v = qkv.split_with_sizes([H + Hkv, Hkv], dim=2)
@@ -198,7 +198,7 @@ PAGMLP_GATES = ("independent", "complementary")
 
 
 def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Inverted dropout drawing its mask from the call's generator (runtime.RunState), so a training
+    """Inverted dropout drawing its mask from the call's generator (RunState), so a training
     step is reproducible from its seed and concurrent calls never share a random stream."""
     keep = torch.empty_like(x).bernoulli_(1.0 - p, generator=generator)  # (x.shape) of 0 / 1
     return x * keep / (1.0 - p)
@@ -289,7 +289,7 @@ class Block(nn.Module):
         x = x + self.attn(self.norm_1(x))  # (B, T, d)
         y = self.ffn(self.norm_2(x))
         if self.ffn_dropout and self.training:
-            y = seeded_dropout(y, self.ffn_dropout, runtime.current().generator)
+            y = seeded_dropout(y, self.ffn_dropout, current().generator)
         return x + y
 
 

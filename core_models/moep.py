@@ -86,13 +86,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import runtime
 from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import Block, BlockSpec, init_weights, scaled_residual_init
 from .pgpt import GPTEmbedding
 from .routers import Route, TopKRouter
+from .run_state import current
 from .sites import INDICES, LOGITS, PROBS, WEIGHTS, RoutingLayer, Site, site_name
+from .trace import active_trace
 
 EXPERTS = ("linear", "swiglu")
 BLOCK_FFNS = ("gelu", "swiglu")  # Table 2 "FF type": MLP (GPT-2's GELU) or SwiGLU
@@ -186,7 +187,7 @@ def switch_balance(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 def add_balance_term(c: MoEPConfig, layer: str, route: Route) -> None:
     """While training: store this router's balance term (unweighted) under aux_key(layer)."""
-    st = runtime.current()
+    st = current()
     if st.training:
         term = entropy_balance(route.probs) if c.balance == "entropy" else switch_balance(route.probs, route.indices)
         st.aux[aux_key(layer)] = term
@@ -195,7 +196,7 @@ def add_balance_term(c: MoEPConfig, layer: str, route: Route) -> None:
 def _through_site(site: Site, out: torch.Tensor, tok: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
     """Pass the (n_e, out) rows of the tokens `tok` through `site` as a dense (B, T, out) tensor,
     zeros for the other tokens, only when a trace asks for the site (idle: no copy at all)."""
-    tr = runtime.active_trace()
+    tr = active_trace()
     if tr is None or not tr.wants(site.name):
         return out
     dense = out.new_zeros(shape[0] * shape[1], shape[2])  # (B * T, out)
@@ -305,7 +306,7 @@ class ParallelLayer(RoutingLayer):
         self.out = Site("[batch, pos, d_par] layer output (= combined; the residual is inside each block)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        st = runtime.current()
+        st = current()
         route = self.router(x, self.name)  # weights: (B, T, P), 0 where unselected
         add_balance_term(self.config, self.name, route)
         dropped = self.dropped()

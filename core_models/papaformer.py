@@ -50,11 +50,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import runtime
 from .base import RouteScopeLM, RunOption
 from .config import BaseConfig
 from .layers import ROPES, Block, BlockSpec, RMSNorm, init_weights
 from .routers import AUX_BALANCE, AUX_ENTROPY, AUX_ROUTE, AUX_Z, GUMBEL_TAU, ROUTE_TARGETS, GumbelRouter
+from .run_state import current
 from .sites import CHOICE, LOGITS, OPTION_WEIGHTS, PROBS, RoutingLayer, Site, site_name
 
 COMBINERS = ("share_linear", "gumbel_v1", "gumbel_v2")
@@ -186,7 +186,7 @@ class ParallelLayer(RoutingLayer):
         # Share-Linear has no router: forcing a path drops the others; a Gumbel router gets the force
         dropped = self.dropped() if self.router is not None else self.skipped()
         outs = [torch.zeros_like(x) if j in dropped else p(x) for j, p in enumerate(self.paths)]  # k x (B, T, d')
-        st = runtime.current()
+        st = current()
         targets = st.options.get(ROUTE_TARGETS) if st.training and self.router is None else None
         if targets is not None:  # Share-Linear curriculum: a token with a target keeps only that path's output
             outs = [o * ((targets == j) | (targets < 0)).unsqueeze(-1).to(o.dtype) for j, o in enumerate(outs)]
@@ -256,7 +256,7 @@ class Papaformer(RouteScopeLM):
 
 def _set_pad_mask(idx: torch.Tensor, pad_id: int) -> None:
     """Mask pad tokens as attention keys for this call (and remember them in the KV cache)."""
-    st = runtime.current()
+    st = current()
     pad = idx == pad_id  # (B, T)
     if st.cache is not None:
         prev = st.cache.extra.get("pad_mask")

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import runtime
 from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import Block, BlockSpec, init_weights, scaled_residual_init
+from .run_state import current
 from .sites import RoutingLayer, Site
 
 MIXES = ("softmax", "sigmoid")
@@ -86,7 +86,7 @@ class GPTEmbedding(nn.Module):
         self.wpe = nn.Embedding(context, dim)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        st = runtime.current()
+        st = current()
         start = st.cache.pos if st.cache is not None else 0
         pos = torch.arange(start, start + idx.shape[1], device=idx.device)
         return self.wte(idx) + self.wpe(pos)  # (B, T, d)
@@ -175,7 +175,7 @@ class PGPT(RouteScopeLM):
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
         keep = self.paths.kept()
-        reference = runtime.current().ablation.has_mode(PGPT1_REFERENCE)
+        reference = current().ablation.has_mode(PGPT1_REFERENCE)
         if reference:  # the highest full weight among the kept paths (argmax: path 0 on a tie, as w >= 0.5)
             full = self.mixer.full().detach()
             keep = [max(keep, key=lambda j: (float(full[j]), -j))]

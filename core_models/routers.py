@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import runtime
+from .run_state import current
 from .sites import Site
 
 
@@ -108,7 +108,7 @@ class GumbelRouter(nn.Module):
         self.aux = GumbelAux()
 
     def forward(self, x: torch.Tensor, layer: str) -> Route:
-        st = runtime.current()
+        st = current()
         logits = self.logits(masked_logits(self.proj(x), st.ablation.dropped(layer)))  # (B, T, n)
         probs = self.probs(torch.softmax(logits.float(), dim=-1).type_as(logits))
         forced = st.ablation.forced(layer)
@@ -165,7 +165,7 @@ class TopKRouter(nn.Module):
         self.weights = Site("[batch, pos, k] renormalised weights of the selected options")
 
     def forward(self, x: torch.Tensor, layer: str) -> Route:
-        st = runtime.current()
+        st = current()
         n = self.proj.out_features
         dropped = st.ablation.dropped(layer)
         logits = self.logits(masked_logits(self.proj(x), dropped))  # (B, T, n)

@@ -18,7 +18,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from . import runtime
+from .run_state import current
+from .trace import active_trace
 
 # Routing roles: what a routing layer's sites mean. Analysis asks a layer for the site of a role
 # (`layer.roles[INDICES]`) and never builds a site name, so our routers (`moe_shrink.router.indices`)
@@ -51,7 +52,7 @@ class Site(nn.Module):
         self.pos_axis = pos_axis
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tr = runtime.active_trace()
+        tr = active_trace()
         if tr is not None and tr.wants(self.name):
             return tr.visit(self.name, x, self.pos_axis, self.shape)
         return x
@@ -94,11 +95,11 @@ class RoutingLayer(nn.Module):
 
     def dropped(self) -> frozenset[int]:
         """Options the call in progress drops at this layer."""
-        return runtime.current().ablation.dropped(self.name)
+        return current().ablation.dropped(self.name)
 
     def forced(self) -> int | None:
         """The option the call in progress forces at this layer, if any."""
-        return runtime.current().ablation.forced(self.name)
+        return current().ablation.forced(self.name)
 
     def skipped(self) -> frozenset[int]:
         """Options not run in this call: the dropped ones, and with a forced option every other

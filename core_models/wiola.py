@@ -85,11 +85,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import registry, runtime
+from . import registry
 from .base import RouteScopeLM, RunOption
 from .config import BaseConfig
 from .layers import Attention, BlockSpec, attend, init_weights
-from .runtime import KVCache
+from .run_state import KVCache, current
 from .sites import Site
 from .wiola_parts import (SRPE, DualStreamFFN, TokenMerger, WiolaRMSNorm, causal_merge, first_positions,
                           last_positions, merge_groups, restore_groups, take_positions)
@@ -176,7 +176,7 @@ class WiolaAttention(Attention):
         # x: (B, T, d); positions: (B or 1, T) absolute positions; keys: (B, T, T) bool, which keys
         # each query may read (causal ATM; no cache), instead of the causal mask
         B, T, _ = x.shape
-        cache = runtime.current().cache
+        cache = current().cache
         start = cache.pos if cache is not None else 0
         q, k, v = self.qkv(x).split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
         q = self.srpe(q.view(B, T, self.n_heads, self.hd).transpose(1, 2), positions)  # (B, H, T, hd)
@@ -332,12 +332,12 @@ class Wiola(RouteScopeLM):
 
     def atm_is_causal(self) -> bool:
         """Whether the call in progress merges causally (read only when ATM is on)."""
-        causal = runtime.current().options.get(ATM_CAUSAL)
+        causal = current().options.get(ATM_CAUSAL)
         return self.config.atm_causal if causal is None else bool(causal)
 
     def atm_threshold(self) -> float | None:
         """Merge threshold of the call in progress, or None when ATM is off for it."""
-        st, c = runtime.current(), self.config
+        st, c = current(), self.config
         atm, atm_tau = st.options.get(ATM), st.options.get(ATM_TAU)
         if atm and st.cache is not None:
             raise ValueError("ATM (adaptive token merging) cannot run with a KV cache: merging changes "
@@ -351,7 +351,7 @@ class Wiola(RouteScopeLM):
         return tau
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
-        st, c = runtime.current(), self.config
+        st, c = current(), self.config
         tau = self.atm_threshold()
         causal = tau is not None and self.atm_is_causal()
         B, T = idx.shape

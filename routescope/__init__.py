@@ -22,9 +22,9 @@ from typing import Any
 _LAZY = {
     "load": ("routescope.core_models.checkpoint", "load_checkpoint"),
     "save": ("routescope.core_models.checkpoint", "save_checkpoint"),
-    "Ablation": ("routescope.core_models.runtime", "Ablation"),
-    "tracing": ("routescope.core_models.runtime", "tracing"),
-    "Trace": ("routescope.core_models.runtime", "Trace"),
+    "Ablation": ("routescope.core_models.ablation", "Ablation"),
+    "tracing": ("routescope.core_models.trace", "tracing"),
+    "Trace": ("routescope.core_models.trace", "Trace"),
     "generate": ("routescope.core_models.generate", "generate"),
     "from_name": ("routescope.core_models.registry", "from_name"),
     "build_model": ("routescope.core_models.registry", "build_model"),

@@ -28,8 +28,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import pandas as pd
 import torch
 
+from routescope.core_models.ablation import NO_ABLATION, Ablation
 from routescope.core_models.devices import model_device
-from routescope.core_models.runtime import NO_ABLATION, Ablation, host_copy, tracing
+from routescope.core_models.trace import host_copy, tracing
 
 from routescope.analysis.corpus import stats as S
 from routescope.analysis.corpus import values as V

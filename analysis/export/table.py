@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.runtime import Trace
+from routescope.core_models.trace import Trace
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs.families import RunViews, family_analysis

@@ -38,8 +38,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from routescope.core_models.runtime import Ablation, tracing
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.sites import INDICES, OPTION_WEIGHTS, WEIGHTS
+from routescope.core_models.trace import tracing
 
 from routescope.analysis.corpus.data import CorpusData
 from routescope.analysis.corpus.run import Stopped, encode_head

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from routescope.core_models.runtime import Ablation
+from routescope.core_models.ablation import Ablation
 
 def check_prune_out(path: str | os.PathLike) -> Path:
     p = Path(path)

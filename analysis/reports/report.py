@@ -30,7 +30,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from routescope.core_models.runtime import Ablation, AblationError
+from routescope.core_models.ablation import Ablation
+from routescope.core_models.specs import AblationError
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.corpus.data import validation_split

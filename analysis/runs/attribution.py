@@ -33,8 +33,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.devices import model_device
-from routescope.core_models.runtime import Ablation
 
 from routescope.analysis.export import columns as C
 

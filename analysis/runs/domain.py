@@ -27,8 +27,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from routescope.core_models.runtime import Ablation, Trace, tracing
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.sites import site_name
+from routescope.core_models.trace import Trace, tracing
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs.families import RouteReader, family_analysis

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.devices import model_device
-from routescope.core_models.runtime import Ablation
 
 from routescope.analysis.export import columns as C
 

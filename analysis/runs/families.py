@@ -37,9 +37,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.runtime import Ablation, Trace, tracing
 from routescope.core_models.sites import CHOICE, INDICES, PROBS, WEIGHTS, site_name
+from routescope.core_models.trace import Trace, tracing
 from routescope.core_models.wiola import ATM, ATM_CAUSAL, ATM_TAU
 
 from routescope.analysis.export import columns as C

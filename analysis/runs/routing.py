@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.runtime import Trace
 from routescope.core_models.sites import CHOICE, INDICES, LOGITS, OPTION_WEIGHTS, PROBS, WEIGHTS, site_name
+from routescope.core_models.trace import Trace
 
 from routescope.analysis.export import columns as C
 

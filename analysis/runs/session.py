@@ -10,10 +10,11 @@ from typing import Any
 import pandas as pd
 import torch
 
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.checkpoint import require_tokenizer
 from routescope.core_models.generate import Generation, Sampling, generate
-from routescope.core_models.runtime import Ablation, Trace
+from routescope.core_models.trace import Trace
 
 from routescope.analysis.runs.families import RunViews, family_analysis, routing_views
 from routescope.analysis.runs.prompts import check_prompt

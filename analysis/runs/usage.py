@@ -1,5 +1,5 @@
 """How often the unablated model picks each option of each routing layer: the counts an ablation
-spec's "top N" ranks by (`core_models.runtime`'s spec grammar), and `ablation_for`, the one place
+spec's "top N" ranks by (`core_models.specs`' grammar), and `ablation_for`, the one place
 callers turn specs into a checked `Ablation` for a loaded model (the CLI's commands, `rs.run`, the app).
 
 "top N" (= "top N@run") ranks by the picks over the tokens this command runs: the prompt(s), or
@@ -13,8 +13,10 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.devices import model_device
-from routescope.core_models.runtime import Ablation, AblationError, tracing
+from routescope.core_models.specs import AblationError
+from routescope.core_models.trace import tracing
 
 from routescope.analysis.runs.families import route_reader
 

@@ -19,8 +19,9 @@ import re
 import streamlit as st
 
 from routescope.analysis.runs.routing import option_names
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.runtime import ALL_LAYERS, SPEC_HELP, Ablation, AblationError, Usage
+from routescope.core_models.specs import ALL_LAYERS, SPEC_HELP, AblationError, Usage
 
 from routescope.app import state as K
 

@@ -22,7 +22,7 @@ from routescope.analysis.runs.catalog import checkpoint_roots, list_checkpoints
 from routescope.analysis.corpus.columns import column_help, named_compared
 from routescope.analysis.corpus.page import SECTIONS, frame_bytes
 from routescope.analysis.corpus.run import CorpusSettings, corpus_views, layout_of, provenance
-from routescope.core_models.runtime import NO_ABLATION, Ablation
+from routescope.core_models.ablation import NO_ABLATION, Ablation
 
 from routescope.app import corpus_resources as CR
 from routescope.app import resources

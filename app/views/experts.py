@@ -21,7 +21,7 @@ from routescope.app import corpus_resources as CR
 from routescope.app import state as K
 from routescope.rendering.importance_report import SECTIONS, figures, flagged, page
 from routescope.app.messages import show_error
-from routescope.core_models.runtime import NO_ABLATION, Ablation
+from routescope.core_models.ablation import NO_ABLATION, Ablation
 
 SHIPPED, UPLOAD, SERVER = "Shipped dataset", "Upload a file", "File on the server"
 POLL_SECONDS = 0.5

@@ -8,7 +8,7 @@ import streamlit as st
 from routescope.analysis.runs.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
 from routescope.analysis.runs.session import RunSettings
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.runtime import ROUTING_MODES
+from routescope.core_models.run_state import ROUTING_MODES
 
 from routescope.app import resources
 from routescope.app import state as K

@@ -12,8 +12,8 @@ import streamlit as st
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs.domain import (DEFAULT_PROBES, paper_routes, probe_routes, read_probes, require_table6,
                                         table6, table6_summary)
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.runtime import Ablation
 
 from routescope.app import resources
 from routescope.app import state as K

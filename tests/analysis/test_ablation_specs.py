@@ -1,4 +1,4 @@
-"""Ablation specs (core_models.runtime's grammar): ranges, sets, globs, "all but" and the N most used,
+"""Ablation specs (core_models.specs' grammar): ranges, sets, globs, "all but" and the N most used,
 parsed in one place and the same in the CLI, rs.run and export; errors name the reason first and stay
 one short line for long spec lists. "top N" is checked against transformers' own router logits."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import torch
 
 import routescope as rs
 from routescope.analysis.runs.usage import ablation_for, run_usage
-from routescope.core_models.runtime import Ablation, AblationError
+from routescope.core_models.ablation import Ablation
+from routescope.core_models.specs import AblationError
 
 ROOT = Path(__file__).resolve().parents[2]
 OLMOE = ROOT / "checkpoints" / "olmoe-tiny"

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from hf_models import saved_models
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.devices import parse_max_memory
 from routescope.core_models.generate import generate
-from routescope.core_models.runtime import Ablation, tracing
+from routescope.core_models.trace import tracing
 
 pytest.importorskip("accelerate")
 IDS = [[11, 57, 3, 99, 140, 7, 250, 31, 64, 8, 200, 12]]

@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from hf_models import MOE_TYPES, saved_models
 from routescope.analysis.export import columns as C
 from routescope.analysis.export.tables import read_csv
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.generate import generate
-from routescope.core_models.runtime import Ablation, tracing
+from routescope.core_models.trace import tracing
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
 IDS = [[11, 57, 3, 99, 140, 7, 250, 31, 64, 8, 200, 12]]

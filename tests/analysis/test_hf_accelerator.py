@@ -10,7 +10,7 @@ import torch
 from hf_models import MOE_TYPES, saved_models
 from routescope.core_models.checkpoint import load_checkpoint
 from routescope.core_models.generate import generate
-from routescope.core_models.runtime import tracing
+from routescope.core_models.trace import tracing
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 IDS = [[11, 57, 3, 99, 140, 7, 250, 31, 64, 8, 200, 12]]

@@ -23,10 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from hf_zoo import N_LAYERS, moe_types, tiny_moe
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.generate import generate
 from routescope.core_models.hf import LOGIT_MASK
-from routescope.core_models.runtime import Ablation, AblationError, tracing
+from routescope.core_models.specs import AblationError
+from routescope.core_models.trace import tracing
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
 VOCAB = 256

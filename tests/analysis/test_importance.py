@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from routescope.analysis.corpus import data as D
 from routescope.analysis.corpus.run import Stopped
 from routescope.analysis.reports.importance import ImportanceSettings, importance
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import load_checkpoint
-from routescope.core_models.runtime import Ablation
 from tolerances import EPS32, FORWARD_EPS
 
 pytest.importorskip("transformers")

@@ -51,7 +51,7 @@ def test_the_export_table_built_later_equals_the_one_built_with_the_run(tokenize
     import pandas as pd
 
     from routescope.analysis.runs.session import run_table
-    from routescope.core_models.runtime import Ablation
+    from routescope.core_models.ablation import Ablation
 
     model = tiny_model(key, vocab_size=tokenizer.get_vocab_size())
     layer = next(iter(model.routing_layers()))

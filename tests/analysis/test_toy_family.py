@@ -27,10 +27,10 @@ from conftest import VOCAB
 from routescope import families as rs_families
 from routescope.core_models import build_model
 from routescope.families import FamilySpec
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.checkpoint import save_checkpoint
 from routescope.core_models.config import BaseConfig
-from routescope.core_models.runtime import Ablation
 from routescope.core_models.sites import OPTION_WEIGHTS, RoutingLayer, Site
 from tolerances import FORWARD_EPS, assert_close_to_scale
 

@@ -16,8 +16,8 @@ from routescope.analysis.corpus.page import SECTIONS
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
 from routescope.analysis.runs.usage import run_usage
 from routescope.app import state as K
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import load_checkpoint
-from routescope.core_models.runtime import Ablation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_corpus_view import APP, CK, TSV, downloads, table, until_done, upload  # noqa: E402,F401,F811

@@ -343,8 +343,8 @@ def test_changed_tokens_counts_the_ablated_continuations_tokens():
     import difflib
 
     from routescope.analysis.runs.session import RunSettings, run_prompt
+    from routescope.core_models.ablation import Ablation
     from routescope.core_models.checkpoint import load_checkpoint
-    from routescope.core_models.runtime import Ablation
 
     info = BY_FAMILY["papaformer-gumbel-v2"]
     at = view(pick(fresh(), info.name), "Ablation diff")

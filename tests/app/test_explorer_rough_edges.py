@@ -119,8 +119,8 @@ def _of(text: str) -> tuple[int, int]:
 def test_ablation_diff_counts_the_generated_tokens():
     """"top-1 flips k of n" and the mean KL are over the n steps that generated the unablated
     continuation, recomputed here from the two models' logits on that continuation."""
+    from routescope.core_models.ablation import Ablation
     from routescope.core_models.generate import generate
-    from routescope.core_models.runtime import Ablation
 
     at = view(pick(fresh(), "pgpt"), "Ablation diff")
     at.checkbox(key=K.drop_global_key(scope(at), 1)).check().run()

@@ -13,8 +13,8 @@ from routescope.rendering.figures import (DIVIDER, LABEL_CHARS, PALETTE, ROW_PX,
                                                candidates_figure, choice_heatmap, has_divider, is_token_chart,
                                                kl_figure, show_token, stacked_choice_heatmaps, titled_for_export,
                                                token_ticks)
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import load_checkpoint
-from routescope.core_models.runtime import Ablation
 
 CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
 

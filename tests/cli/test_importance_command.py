@@ -12,8 +12,8 @@ import torch
 
 from routescope.analysis.export.tables import read_frame_csv
 from routescope.cli.main import main
+from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import load_checkpoint
-from routescope.core_models.runtime import Ablation
 from tolerances import EPS32, FORWARD_EPS
 
 pytest.importorskip("transformers")

@@ -27,11 +27,11 @@ def test_every_command_module_is_a_subcommand():
 
 def test_choices_are_the_defining_modules_constants():
     from routescope.analysis.runs import attribution
-    from routescope.core_models import importers, papaformer, runtime
+    from routescope.core_models import importers, papaformer, run_state
 
     sub = _subparsers(build_parser())
-    assert _choices(sub["generate"], "--routing") == runtime.ROUTING_MODES
-    assert _choices(sub["export"], "--routing") == runtime.ROUTING_MODES
+    assert _choices(sub["generate"], "--routing") == run_state.ROUTING_MODES
+    assert _choices(sub["export"], "--routing") == run_state.ROUTING_MODES
     assert _choices(sub["compose"], "--combiner") == papaformer.COMBINERS
     assert _choices(sub["import"], "--from") == importers.SOURCES
     assert _choices(sub["attribute"], "--method") == attribution.TOKEN_METHODS + attribution.METHODS

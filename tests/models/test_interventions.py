@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from routescope.core_models import Ablation, AblationError, tracing
-from routescope.core_models.runtime import active_trace
+from routescope.core_models.trace import active_trace
 
 from tiny_models import tiny_model
 from tolerances import FORWARD_EPS, assert_close_to_scale

@@ -8,7 +8,7 @@ import torch
 
 from routescope.core_models import Ablation, ConfigError, build_model, config_from_dict, from_name, param_count, tracing
 from routescope.core_models.layers import PAGMLP, Block, BlockSpec, seeded_dropout
-from routescope.core_models.runtime import RunState, running
+from routescope.core_models.run_state import RunState, running
 from routescope.core_models.sites import name_sites
 
 from tolerances import assert_close_to_scale

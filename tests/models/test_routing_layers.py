@@ -66,7 +66,7 @@ def test_can_force_where_a_router_decides(key, forceable):
 @pytest.mark.parametrize("key", ["pagmlp", "share_linear"])
 def test_forcing_a_layer_without_router_drops_the_others(key):
     """Layers without a router: force j is drop every other option (same logits)."""
-    from routescope.core_models.runtime import Ablation
+    from routescope.core_models.ablation import Ablation
     model = tiny_model(key)
     layer, n = next(iter(model.routing_layers().items()))
     x = torch.randint(0, model.vocab_size, (1, 6))
