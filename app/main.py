@@ -10,7 +10,7 @@ st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 from routescope.app import resources  # noqa: E402  (set_page_config must come first)
 from routescope.app import corpus_resources as CR  # noqa: E402
 from routescope.app import state as K  # noqa: E402
-from routescope import families  # noqa: E402
+from routescope.app import pages as family_pages  # noqa: E402
 from routescope.app.views import ablation, attribution, corpus, diff, experts, export, generation, routing, sidebar  # noqa: E402,E501
 from routescope.analysis.runs.prompts import prompt_problem  # noqa: E402
 from routescope.app.messages import show_error  # noqa: E402
@@ -61,7 +61,7 @@ def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None
                        help="Runs are cached per checkpoint, prompt, settings and ablation.")
         else:
             st.caption(f"Ablation: {ablation.describe(ab, model)}")
-        pages = {p.title: p for p in families.pages(model)}  # the family's own views (its spec's)
+        pages = {p.title: p for p in family_pages.pages(model)}  # the family's own views
         at = VIEWS.index(PAGES_AFTER) + 1
         offered = VIEWS[:at] + list(pages) + VIEWS[at:]
         if st.session_state.get(K.VIEW) not in (None, *offered):  # a page of the previous checkpoint's family

@@ -19,11 +19,15 @@ from routescope.analysis.runs.effects import ablation_effects
 from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes, placement_setting
 from routescope.analysis.runs.session import RunSettings, run_prompt, run_table
 from routescope.analysis.runs.usage import run_usage
+from routescope.analysis.export.tables import table_bytes
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, weight_files
 from routescope.core_models.devices import resolve_device
 
+from routescope.rendering.route_grid import route_grid_html
+
 from routescope.app.messages import without_dir
+from routescope.app.views import routing
 
 # Small models run fastest on one thread, and a second thread would fight other sessions.
 torch.set_num_threads(app_threads())
@@ -73,7 +77,6 @@ def run(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: A
 def routing_figures(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation):
     """The Routing view's figures of a run (choice heatmaps stacked), built once per run: switching
     an ablation back, or views, redraws them without rebuilding. Read-only once made."""
-    from routescope.app.views import routing
     return routing.drawn(run(path, mtime, prompt, settings, ablation), load(path, mtime)[0], stacked=True)
 
 
@@ -82,7 +85,6 @@ def route_grid(path: str, mtime: float, prompt: str, settings: RunSettings, abla
     """The run's choice heatmaps as one HTML grid (`components.route_grid`): painted with the page's
     first data, before plotly.js has loaded. Built once per run from the grids `routing_figures`
     drew (one drawing serves both); read-only."""
-    from routescope.rendering.route_grid import route_grid_html
     cur = run(path, mtime, prompt, settings, ablation)
     grids = routing_figures(path, mtime, prompt, settings, ablation).grids
     return route_grid_html(grids, cur.display_tokens(), cur.n_prompt)
@@ -91,7 +93,6 @@ def route_grid(path: str, mtime: float, prompt: str, settings: RunSettings, abla
 @st.cache_resource(max_entries=64, show_spinner="Preparing the export…")
 def export_bytes(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation) -> dict[str, bytes]:
     """The routing table of a run as CSV and Parquet bytes (built once per run)."""
-    from routescope.analysis.export.tables import table_bytes
     table = run_table(run(path, mtime, prompt, settings, ablation), load(path, mtime)[0])
     return {fmt: table_bytes(table, fmt) for fmt in ("csv", "parquet")}
 

@@ -254,7 +254,7 @@ def _corpus(model: Any, batches: list[torch.Tensor], overlap: bool = True, host_
 
     from routescope.analysis.corpus import stats as S
     from routescope.analysis.corpus.run import layout_of, route_stats
-    from routescope.analysis.runs.families import route_reader
+    from routescope.analysis.runs.family_table import route_reader
 
     reader, layout = route_reader(model), layout_of(model, [])
     if host_counts:

@@ -10,6 +10,6 @@ field, option); `cli.main.main` prints it as one line `routescope <command>: <me
 with 2. Option values are checked while parsing (`cli.options`), with the same one-line style.
 """
 
-from routescope import only_as  # noqa: E402
+from routescope.layout import only_as  # noqa: E402
 
 only_as("routescope.cli", __name__)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from routescope.analysis.export import columns as C
+from routescope.analysis.runs import domain as D
 
 from .common import write_json_streamed
 
@@ -38,7 +39,6 @@ def _scan_probes(source: str | Path, model: Any, tok: Any) -> _ProbeScan:
     expected_path within the checkpoint's paths, paper routes parse, prompts encode to tokens)."""
     import numpy as np
 
-    from routescope.analysis.runs import domain as D
 
     cfg, name = model.config, D.probe_source_name(source)
     scan = _ProbeScan(stamp=_file_stamp(source) if Path(source).is_file() else (0, 0))  # else iter_probes says why
@@ -68,7 +68,6 @@ def _scan_probes(source: str | Path, model: Any, tok: Any) -> _ProbeScan:
 
 def _probe_rows(source: str | Path, scan: _ProbeScan, routes: Any) -> Iterator[tuple[Any, list[int]]]:
     """Pass 3: the probes again, each with its routes (0 = undefined), checking the file is unchanged."""
-    from routescope.analysis.runs import domain as D
 
     if _file_stamp(source) != scan.stamp:
         raise ValueError(f"{source}: the probe file changed while the probes ran; run routes again")
@@ -96,7 +95,6 @@ def _write_table(rows: Iterable[tuple[Any, list[int]]], widths: dict[str, int], 
     """The routes table, `chunk` rows at a time, laid out as pandas prints it whole."""
     import pandas as pd
 
-    from routescope.analysis.runs import domain as D
 
     def flush(buf: list, header: bool) -> None:
         df = pd.DataFrame(buf, columns=list(widths)).astype({"expected": "int64"})
@@ -120,7 +118,6 @@ def run(args: argparse.Namespace, model: Any, tok: Any) -> int:
     import pandas as pd
     from tqdm import tqdm
 
-    from routescope.analysis.runs import domain as D
 
     source = args.probes or D.DEFAULT_PROBES
     cfg = model.config

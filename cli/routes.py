@@ -1,4 +1,4 @@
-"""`routescope routes`: route the probe prompts a checkpoint's family declares (its spec's
+"""`routescope routes`: route the probe prompts a checkpoint's family declares (its
 `ProbeTable`: prompts whose expected route the family's paper prints) and print them beside their
 expected routes; the family's table does the printing. A family without probes is refused in one
 line naming the families that have them."""
@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import argparse
 
+from routescope.analysis.runs.family_table import probe_table, probe_tables
+from routescope.analysis.runs.prompts import open_regular_file
+
 from . import options as O
+from . import papaformer_routes
 from .common import load_with_tokenizer
+
+# The CLI half of a family with probe prompts: the table `routescope routes` prints (plugins bring
+# theirs as their probe table's `command`)
+COMMANDS = {"papaformer": papaformer_routes.run}
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -26,16 +34,14 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routescope.analysis.runs.prompts import open_regular_file
-
     if args.probes:  # before torch is imported: a FIFO or a device is refused at once
         open_regular_file(args.probes, "probe file").close()
-    from routescope.families import spec_of, specs
-
     model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
-    probes = spec_of(model).probes
+    family = model.config.family
+    probes = probe_table(family)
     if probes is None:
-        having = ", ".join(s.name for s in specs() if s.probes is not None)
+        having = ", ".join(probe_tables())
         raise ValueError(f"{model.config.label}: its family declares no probe prompts with expected routes "
                          f"(families that do: {having})")
-    return probes.command(args, model, tok)
+    command = COMMANDS.get(family) or probes.command
+    return command(args, model, tok)

@@ -1,6 +1,6 @@
 """RouteScope model families, routing sites, traces, ablations and generation."""
 
-from routescope import only_as  # noqa: E402
+from routescope.layout import only_as  # noqa: E402
 
 only_as("routescope.core_models", __name__)
 from .ablation import Ablation

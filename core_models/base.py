@@ -13,7 +13,8 @@ from .ablation import NO_ABLATION, Ablation
 from .config import BaseConfig
 from .layers import Attention
 from .run_state import ROUTING_MODES, KVCache, RunState, running
-from .sites import RoutingLayer, Site, name_sites
+from .sites import RoleLayer, RoutingLayer, Site, name_sites
+from .sites import role_layers as find_role_layers
 from .sites import routing_layers as find_routing_layers
 
 
@@ -77,6 +78,7 @@ class RouteScopeLM(nn.Module):
         paths, numbers attention layers."""
         self.sites: dict[str, Site] = name_sites(self)
         self.routing_modules: dict[str, RoutingLayer] = find_routing_layers(self)
+        self.role_modules: dict[str, RoleLayer] = find_role_layers(self)
         self.attn_layers = [m for m in self.modules() if isinstance(m, Attention)]
         for i, m in enumerate(self.attn_layers):
             m.layer_id = i
@@ -110,6 +112,24 @@ class RouteScopeLM(nn.Module):
     def option_labels(self) -> dict[str, list[str]]:
         """Routing layer name -> the label of each option (0-based, as ablation specs count)."""
         return {name: m.option_labels() for name, m in self.routing_modules.items()}
+
+    # --- roles: which site records what (`sites.ROLES`, `sites.OPTION_ROLES`) --------------------
+    role_modules: dict[str, RoleLayer] | None = None  # set by _finalize; None: the routing layers are all (HF)
+
+    def role_layers(self) -> dict[str, RoleLayer]:
+        """Every layer that declares role sites (the routing layers and the others, e.g. Wiola's
+        token mergers), by name in module order."""
+        return self.routing_modules if self.role_modules is None else self.role_modules
+
+    def sites_of(self, role: str) -> dict[str, str]:
+        """Layer name -> the full name of the site playing `role` there, for every layer declaring it,
+        in module order: `model.sites_of(GATE)` -> {"blocks.0.dsff": "blocks.0.dsff.gate", ...}."""
+        return {name: m.roles[role] for name, m in self.role_layers().items() if role in m.roles}
+
+    def option_sites_of(self, role: str) -> dict[str, tuple[str, ...]]:
+        """Layer name -> the site of each option for the per-option `role` (`sites.OPTION_ROLES`):
+        `model.option_sites_of(PATHS)` -> {"parallel.0": ("parallel.0.paths.0.out", ...), ...}."""
+        return {name: m.option_roles[role] for name, m in self.role_layers().items() if role in m.option_roles}
 
     # --- public API -------------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, *, ablation: Ablation | None = None, routing: str = "deterministic",
@@ -232,13 +252,6 @@ class RouteScopeLM(nn.Module):
             raise ValueError(f"cannot tell the token embedding of {self.config.label}: {len(found)} embeddings with "
                              f"{self.vocab_size} rows ({', '.join(found) or 'none'})")
         return found[0]
-
-    def write_checkpoint_files(self, path, dtype: torch.dtype) -> None:
-        """Write this model's config and weights into the directory `path` (`checkpoint.save_checkpoint`
-        adds the tokenizer and card and moves it into place)."""
-        from .checkpoint import write_routescope_files
-
-        write_routescope_files(self, path, dtype)
 
     def site_names(self) -> list[str]:
         return list(self.sites)

@@ -177,13 +177,11 @@ def require_fits(n_params: int, dtype: torch.dtype, device: torch.device, where:
 
 
 def model_device(model: nn.Module) -> torch.device:
-    """Where a model's inputs go: `RouteScopeLM.device` (under a device map, the input embedding's
-    device), else the device of the first parameter."""
-    from .base import RouteScopeLM  # base does not import this module's callers: no cycle at import
-
-    if isinstance(model, RouteScopeLM):
-        return model.device
-    return next(model.parameters()).device
+    """Where a model's inputs go: the model's own `device` (a RouteScopeLM's under a device map is the
+    input embedding's; a transformers model's the first parameter's), else the device of the first
+    parameter."""
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
 
 
 def place(model: nn.Module, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> nn.Module:

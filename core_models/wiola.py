@@ -85,12 +85,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import registry
 from .base import RouteScopeLM, RunOption
 from .config import BaseConfig
 from .layers import Attention, BlockSpec, attend, init_weights
 from .run_state import KVCache, current
-from .sites import Site
+from .sites import BLEND, RoleLayer, Site
 from .wiola_parts import (SRPE, DualStreamFFN, TokenMerger, WiolaRMSNorm, causal_merge, first_positions,
                           last_positions, merge_groups, restore_groups, take_positions)
 
@@ -216,9 +215,10 @@ class CrossLayerAttention(nn.Module):
         return torch.einsum("bthl,btlhe->bthe", w, v.float()).type_as(q)  # (B, T, H, hd)
 
 
-class GatedCrossLayerAttention(nn.Module):
+class GatedCrossLayerAttention(RoleLayer):
     """GCLA (Sec. VII, eqs. 22-29), per head before the output projection:
-    O = (1 - beta) O_self + beta O_ctx, beta = sigmoid(phi); A = (sigmoid(W_G x) * O) W_O."""
+    O = (1 - beta) O_self + beta O_ctx, beta = sigmoid(phi); A = (sigmoid(W_G x) * O) W_O.
+    Role BLEND: beta (eq. 27), in blocks with cross-layer attention (block 0 has none)."""
 
     def __init__(self, c: WiolaConfig, has_cross: bool) -> None:
         super().__init__()
@@ -235,6 +235,10 @@ class GatedCrossLayerAttention(nn.Module):
         self.self_out = Site("[batch, pos, heads, head_dim] self-attention output O_self per head")
         self.cross_out = Site("[batch, pos, heads, head_dim] cross-layer attention output O_ctx per head"
                               ) if has_cross else None
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return {} if self.gcla_beta is None else {BLEND: self.gcla_beta.name}
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, summaries: torch.Tensor | None,
                 pad_mask: torch.Tensor | None, keys: torch.Tensor | None = None) -> torch.Tensor:
@@ -399,11 +403,11 @@ def wiola_param_count(c: WiolaConfig) -> int:
 # Table III (the model family); Table IV's caption gives wiola-360m
 # d = 1024, L = 16, V = 32000. d_A = d and d_B = 4d in every size, context 2048.
 _PAPER = dict(vocab_size=32000, context=2048)
-registry.register_presets({
-    "wiola-120m": ("wiola", dict(_PAPER, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4)),
-    "wiola-360m": ("wiola", dict(_PAPER, d_model=1024, n_layers=16, n_heads=16, n_kv_heads=4)),
-    "wiola-700m": ("wiola", dict(_PAPER, d_model=1536, n_layers=24, n_heads=16, n_kv_heads=8)),
-    "wiola-1.5b": ("wiola", dict(_PAPER, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8)),
-})
+PAPER_PRESETS = {  # the family's presets (core_models.registry) include these
+    "wiola-120m": dict(_PAPER, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4),
+    "wiola-360m": dict(_PAPER, d_model=1024, n_layers=16, n_heads=16, n_kv_heads=4),
+    "wiola-700m": dict(_PAPER, d_model=1536, n_layers=24, n_heads=16, n_kv_heads=8),
+    "wiola-1.5b": dict(_PAPER, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8),
+}
 
 __all__ = ["Wiola", "WiolaConfig", "wiola_component_counts", "wiola_param_count"]

@@ -2,6 +2,6 @@
 templates, `lexicon`) and OpenMathInstruct-like math problems (`math_problems`,
 `math_word_problems`), streamed deterministically by `corpus`. Nothing here knows of models."""
 
-from routescope import only_as  # noqa: E402
+from routescope.layout import only_as  # noqa: E402
 
 only_as("routescope.corpora", __name__)

@@ -1,6 +1,6 @@
 """Rendering: plotly figures and HTML (route grids, token charts, corpus and importance pages) that
 draw the analysis frames, with no Streamlit in them: the app, the CLI and `rs.figures` use them alike."""
 
-from routescope import only_as  # noqa: E402
+from routescope.layout import only_as  # noqa: E402
 
 only_as("routescope.rendering", __name__)

@@ -4,17 +4,20 @@ A drawer takes a view and the run's drawing context and returns its pieces by na
 a `figures.ChoiceGrid` (a discrete choice per layer and token; the Routing view stacks a run's
 grids into one chart), a plotly figure, or a DataFrame (shown as a table). The Routing view, the
 Export view and `routescope.figures` loop over a run's views and this table; none of them knows a
-family: a family's spec maps its views to the drawers below (`routescope.families`), and the common
+family: FAMILY_DRAWERS maps each family's views to the drawers below, and the common
 drawers (generic option weights, tables, corpus views) are found by a view's kind. No Streamlit here.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Union
 
 import pandas as pd
 import plotly.graph_objects as go
+
+from routescope.core_models import plugins
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.corpus.columns import shown_compare, shown_table
@@ -192,6 +195,28 @@ DRAWERS: dict[str, Drawer] = {
 }
 
 
+TOPK_DRAWERS = {"topk_routes": topk_choice, "topk_probs": topk_matrix, "topk_utilisation": utilisation,
+                "topk_coselection": coselection}
+
+# The rendering half of every family: its views' own drawers by view name (views not listed use
+# DRAWERS, by the view's kind). Plugins bring theirs in their spec's `drawers`.
+FAMILY_DRAWERS: Mapping[str, Mapping[str, Drawer]] = MappingProxyType({
+    "llama": {"pagmlp_pathways": pagmlp_pathways},
+    "papaformer": {"gumbel_routes": gumbel_choice, "cosine_dominance": cosine_choice},
+    "pgpt": {"pgpt_paths": pgpt_paths},
+    "moep": TOPK_DRAWERS,
+    "wiola": {"dsff_gate": dsff_gate, "gcla_beta": gcla_beta, "atm_merges": atm_merges},
+    "hf": TOPK_DRAWERS,
+})
+
+
+def drawers_of(family: str) -> Mapping[str, Drawer]:
+    """Family `family`'s own drawers (built in or a plugin's); {} where it has none."""
+    if family in FAMILY_DRAWERS:
+        return FAMILY_DRAWERS[family]
+    return plugins.part(family, "drawers", None) or {}
+
+
 def draw(views: Mapping[str, View], ctx: DrawContext, family: Mapping[str, Drawer] = {}) -> dict[str, Piece]:
     """Every piece of every view, in view order: a view's drawer is the family's for its name
     (`FamilySpec.drawers`), else the common one of its kind. A view with neither is an error that
@@ -216,10 +241,8 @@ STACKED = "routes"  # the name of a run's stacked choice heatmaps
 
 def run_pieces(run: Any, model: Any) -> dict[str, Piece]:
     """Every view of an analysed run (`analysis.runs.session.Run`) drawn once."""
-    from routescope.families import spec_of  # the spec module imports this one
-
     return draw(run.views, DrawContext(run.display_tokens(), run.n_prompt, model.option_labels()),
-                spec_of(model).drawers)
+                drawers_of(model.config.family))
 
 
 def draw_run(run: Any, model: Any, *, stacked: bool = False, pieces: Mapping[str, Piece] | None = None

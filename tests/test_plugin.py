@@ -192,15 +192,17 @@ def test_a_broken_plugin_is_named_in_one_line_when_its_family_is_asked_for(monke
     from importlib import metadata
 
     from routescope import families
+    from routescope.core_models import plugins
     from routescope.core_models.config import ConfigError
 
     eps = metadata.EntryPoints([
         metadata.EntryPoint("broken", "no_such_module_xyz:SPEC", families.ENTRY_POINTS),
         metadata.EntryPoint("papaformer", "no_such_module_xyz:SPEC", families.ENTRY_POINTS),  # never replaces
     ])
-    monkeypatch.setattr(families.metadata, "entry_points", lambda group: eps if group == families.ENTRY_POINTS else [])
-    monkeypatch.setattr(families, "_plugins_loaded", False)
-    monkeypatch.setattr(families, "_BROKEN", {})
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: eps if group == families.ENTRY_POINTS else [])
+    monkeypatch.setattr(plugins, "_loaded", False)
+    monkeypatch.setattr(plugins, "_broken", {})
+    monkeypatch.setattr(plugins, "_found", {})
     assert families.spec("papaformer") in families.BUILTIN
     with pytest.raises(ConfigError, match=r"^family 'broken': its plugin did not load \(no_such_module_xyz:SPEC: "
                                           r"ModuleNotFoundError"):

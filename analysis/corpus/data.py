@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Sequence
 
 from routescope.analysis.runs.prompts import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES, iter_lines, open_regular_file
+from routescope.analysis.runs.family_table import probe_tables
 
 SUFFIXES = (".txt", ".tsv", ".csv", ".jsonl", ".parquet", ".pq")
 TEXT_COLUMNS = ("text", "prompt")  # the text column, in order of preference
@@ -572,9 +573,7 @@ def shipped_datasets() -> dict[str, Callable[[], CorpusData]]:
     """Shown name -> loader: the probe sets that family specs declare (`ProbeTable.sets`, labelled
     by domain and expected path; the first is the views' default: 20 prompts, instant), then the
     validation splits."""
-    from routescope.families import specs  # the spec module sits above analysis
-
-    probes = {f"{name} probes": _probe_file(path) for s in specs() if s.probes for name, path in s.probes.sets.items()}
+    probes = {f"{name} probes": _probe_file(path) for t in probe_tables().values() for name, path in t.sets.items()}
     return {**probes, **VALIDATIONS}
 
 

@@ -18,7 +18,8 @@ from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.trace import Trace
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.runs.families import RunViews, family_analysis
+from routescope.analysis.runs.families import RunViews
+from routescope.analysis.runs.family_table import family_analysis
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ domain's validation split, with two sections of its own.
    documents of each domain (`corpus_data.validation_split`, labelled by domain), each cut to its
    first `seq_len` tokens: utilisation with dead and overloaded options, routes by domain, token
    specialisation, co-routing; per-call values for families without per-token routes. Where the
-   family's spec declares probe prompts (`routescope.families.ProbeTable`), each domain's intended
+   family's spec declares probe prompts (`analysis.runs.family_table.ProbeTable`), each domain's intended
    option is the one its probes expect, so the page also shows accuracy on validation tokens.
 2. Routing accuracy (where the spec declares probes): each probe set's routes against their
    expected paths and the paper's printed routes (`ProbeTable.accuracy`).
@@ -30,7 +30,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from routescope.corpora import corpus
 from routescope.core_models.ablation import Ablation
+from routescope.core_models.training.trainer import TrainConfig, validation_batches
 from routescope.core_models.specs import AblationError
 
 from routescope.analysis.export import columns as C
@@ -38,7 +40,9 @@ from routescope.analysis.corpus.data import validation_split
 from routescope.analysis.corpus.page import html_table
 from routescope.analysis.export.html_safe import text
 from routescope.analysis.corpus.run import CorpusResult, CorpusSettings, run_corpus
+from routescope.analysis.runs import family_table as FT
 from routescope.analysis.runs.effects import ablation_effects
+from routescope.analysis.runs.prompts import TokenText
 from routescope.analysis.runs.routing import option_names
 
 # report-specific columns
@@ -83,9 +87,6 @@ def accuracy_wide(acc: pd.DataFrame) -> pd.DataFrame:
 
 def validation_rows(tokenizer: Any, n_docs: int, seq_len: int) -> dict[str, torch.Tensor]:
     """Domain -> (rows, seq_len + 1) token ids of the trainer's validation text."""
-    from routescope.corpora import corpus
-    from routescope.core_models.training.trainer import TrainConfig, validation_batches
-
     c = TrainConfig(preset="report", seq_len=seq_len, eval_docs=n_docs)
     return {d: validation_batches(tokenizer, d, c) for d in corpus.DOMAINS}
 
@@ -139,11 +140,6 @@ def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len
             top: int = 10, probe_sets: dict[str, Any] | None = None, batch_size: int = 16,
             progress: Any = None) -> ReportData:
     """Run every analysis of the report on `model` (any family)."""
-    from routescope.corpora import corpus
-    from routescope.families import spec_of  # the spec module imports analysis
-
-    from routescope.analysis.runs.prompts import TokenText
-
     cfg = model.config
     seq_len = min(seq_len, model.context)
     text = TokenText(tokenizer)
@@ -151,7 +147,7 @@ def collect(model: Any, tokenizer: Any, *, name: str, n_docs: int = 100, seq_len
     result = run_corpus(model, tokenizer, data, name=name, settings=CorpusSettings(max_tokens=seq_len,
                                                                                   batch_size=batch_size),
                         decode=lambda i: text([i])[0], progress=progress)
-    probes = spec_of(model).probes if result.layout.routes else None
+    probes = FT.probe_table(cfg.family) if result.layout.routes else None
     intended = dict(probes.intended()) if probes else {}
     tables = result.tables(top=top, min_count=min_count, intended=intended)
     sets = dict(probes.sets if probe_sets is None else probe_sets) if probes else {}
@@ -216,9 +212,7 @@ def extra_sections(data: ReportData) -> list[tuple[str, str, str]]:
                 + "".join(f"<h3>{esc(k)}</h3>{html_table(v)}" for k, v in data.probe_tables.items()))
         heading = f"Routing accuracy: {' and '.join(data.probe_sets)} probes"
     else:
-        from routescope.families import specs
-
-        having = ", ".join(s.name for s in specs() if s.probes is not None)
+        having = ", ".join(FT.probe_tables())
         body = (f"<p>Not applicable: the {esc(str(data.config.get('family')))} paper prints no expected route per "
                 f"probe prompt to compare with (families whose papers do: {esc(having)}).</p>")
         heading = "Routing accuracy on probe prompts"

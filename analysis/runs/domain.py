@@ -28,11 +28,11 @@ import pandas as pd
 import torch
 
 from routescope.core_models.ablation import Ablation
-from routescope.core_models.sites import site_name
+from routescope.core_models.papaformer import Papaformer, parallel_layer
 from routescope.core_models.trace import Trace, tracing
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.runs.families import RouteReader, family_analysis
+from routescope.analysis.runs.families import RouteReader, papaformer_reader
 from routescope.analysis.runs.prompts import MAX_LINE_BYTES, iter_lines, open_regular_file
 
 REQUIRED = (C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.PROMPT)
@@ -165,15 +165,12 @@ def expected_path_error(value: int, n_paths: int) -> str | None:
 
 
 def require_table6(model: Any) -> RouteReader:
-    """The model's `RouteReader` if Table 6 routes are defined for it (its family's spec declares
-    probe prompts: PaPaformer's parallel layers), else ValueError."""
-    from routescope.families import spec_of  # the spec module imports this one
-
-    analysis = family_analysis(model)
-    if spec_of(model).probes is None or analysis.route_reader is None:
+    """The model's `RouteReader` if Table 6 routes are defined for it (a PaPaformer's parallel
+    layers: this is the family's own analysis module), else ValueError."""
+    if not isinstance(model, Papaformer):
         raise ValueError(f"Table 6 routes need a PaPaformer checkpoint (family 'papaformer'), "
                          f"not {model.config.label!r}")
-    return analysis.route_reader(model)
+    return papaformer_reader(model)
 
 
 def prompt_routes(per_token: np.ndarray, lengths: Sequence[int], *, majority: bool = False) -> np.ndarray:
@@ -310,7 +307,7 @@ def paper_routes(probes: pd.DataFrame, combiner: str) -> pd.DataFrame | None:
         route = parse_route(cell)
         if route is None:
             raise ValueError(f"probe {pid}: {col} = {cell!r} is not a route like 2>2>1")
-        rows += [(pid, domain, int(expected), site_name("parallel", i), r) for i, r in enumerate(route)]
+        rows += [(pid, domain, int(expected), parallel_layer(i), r) for i, r in enumerate(route)]
     df = pd.DataFrame(rows, columns=[C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.LAYER, C.ROUTE])
     df[C.ROUTE] = df[C.ROUTE].astype("Int64")
     return _with_correct(df)
@@ -410,7 +407,7 @@ class RouteTally:
         return pd.DataFrame([(source, m, v) for m, v in rows], columns=[C.SOURCE, C.METRIC, C.VALUE])
 
 
-# --- the report's probe section (`routescope.families.ProbeTable` of the PaPaformer spec) ------------
+# --- the report's probe section (the PaPaformer's `family_table.ProbeTable`) ---------------------------
 
 def accuracy_table(config: Any, *, probe_set: str, route_at: str, ours: pd.DataFrame | None = None,
                    paper: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -39,7 +39,8 @@ import torch
 
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.sites import CHOICE, INDICES, PROBS, WEIGHTS, site_name
+from routescope.core_models.sites import (ADJACENT_COS, BLEND, CHOICE, COMBINED, GATE, INDICES, MERGE_MAP,
+                                          OPTION_WEIGHTS, PATH_SCALES, PATH_WEIGHTS, PATHS, PROBS, WEIGHTS)
 from routescope.core_models.trace import Trace, tracing
 from routescope.core_models.wiola import ATM, ATM_CAUSAL, ATM_TAU
 
@@ -147,12 +148,15 @@ def per_call_rows(rows: list[tuple[str, str, str, int | None, float]], n_batch: 
     return df
 
 
-def _sites(layers: pd.Series, *parts: Any) -> pd.Series:
-    """site_name(layer, *parts) for a column of layers (parts may be Series of the same length)."""
-    out = layers.astype(str)
-    for p in parts:
-        out = out + "." + (p.astype(str) if isinstance(p, pd.Series) else str(p))
-    return out
+def _role_sites(df: pd.DataFrame, model: RouteScopeLM, role: str) -> np.ndarray:
+    """The site of `role` (`model.sites_of`) at each row's layer."""
+    return df[C.LAYER].map(model.sites_of(role)).to_numpy()
+
+
+def _option_sites(df: pd.DataFrame, model: RouteScopeLM, role: str) -> np.ndarray:
+    """The site of the per-option `role` (`model.option_sites_of`) at each row's layer and option."""
+    sites = model.option_sites_of(role)
+    return np.array([sites[layer][j] for layer, j in zip(df[C.LAYER], df[C.OPTION])], dtype=object)
 
 
 # --- generic: any routing layer's option weights --------------------------------------------------
@@ -167,7 +171,7 @@ def _generic_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunV
         return [], [f"{model.config.label} records no option weights of its routing layers to export"
                     if model.routing_modules else f"{model.config.label} has no routing layers to export"]
     w = views["options"].frame
-    return [export_rows(w, site=_sites(w[C.LAYER], "option_weights"), kind="weight", value=C.WEIGHT,
+    return [export_rows(w, site=_role_sites(w, model, OPTION_WEIGHTS), kind="weight", value=C.WEIGHT,
                         selected=C.SELECTED)], []
 
 
@@ -178,7 +182,7 @@ GENERIC = FamilyAnalysis(views=_generic_views, export=_generic_export)
 
 def papaformer_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
     gumbel = R.gumbel_routes(trace, model) if any(m.stochastic for m in model.routing_modules.values()) else None
-    cosine = R.cosine_dominance(trace)
+    cosine = R.cosine_dominance(trace, model)
     return views_of(("gumbel_routes", gumbel, FAMILY), ("cosine_dominance", cosine, FAMILY))
 
 
@@ -191,7 +195,7 @@ def papaformer_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: Ru
     cos = views["cosine_dominance"].frame
     notes = list(cos.attrs.get("notes", []))
     cos = cos[cos[C.COSINE].notna()]
-    parts.append(export_rows(cos, site=_sites(cos[C.LAYER], "paths", cos[C.OPTION], "out"), kind="cosine",
+    parts.append(export_rows(cos, site=_option_sites(cos, model, PATHS), kind="cosine",
                              value=C.COSINE, selected=C.DOMINANT))
     return parts, notes
 
@@ -209,7 +213,7 @@ def papaformer_token_routes(trace: Trace, model: RouteScopeLM) -> np.ndarray:
                 raise ValueError(f"the trace has no site {choice!r}")
             per_layer.append(trace[choice].cpu().numpy().astype(np.int64) + 1)
             continue
-        cos = R.cosine_dominance(trace) if cos is None else cos
+        cos = R.cosine_dominance(trace, model) if cos is None else cos
         c = cos[cos[C.LAYER] == layer]
         if not len(c):
             raise ValueError(f"the trace has no path/combined outputs for {layer}")
@@ -229,11 +233,8 @@ def _papaformer_route_sites(model: RouteScopeLM) -> list[str]:
     """The sites `papaformer_token_routes` reads (Gumbel: router choices; Share-Linear: path and
     combined outputs)."""
     out = []
-    for layer, m in model.routing_modules.items():
-        if m.stochastic:
-            out.append(m.roles[CHOICE])
-        else:
-            out += [site_name(layer, "combined")] + [site_name(layer, "paths", j, "out") for j in range(len(m.paths))]
+    for m in model.routing_modules.values():
+        out += [m.roles[CHOICE]] if m.stochastic else [m.roles[COMBINED], *m.option_roles[PATHS]]
     return out
 
 
@@ -338,17 +339,16 @@ def hf_description(model: RouteScopeLM) -> str:
 # --- ParallelGPT --------------------------------------------------------------------------------
 
 def pgpt_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
-    return views_of(("pgpt_paths", R.pgpt_paths(trace), FAMILY))
+    return views_of(("pgpt_paths", R.pgpt_paths(trace, model), FAMILY))
 
 
 def pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     p = views["pgpt_paths"].frame
-    (layer,) = model.routing_modules  # the paths
-    parts = [export_rows(p, site=_sites(p[C.LAYER], p[C.OPTION], "out"), kind="contribution", value=C.SHARE,
+    parts = [export_rows(p, site=_option_sites(p, model, PATHS), kind="contribution", value=C.SHARE,
                          selected=C.DOMINANT)]
-    weights = site_name("mixer", "weights")
-    w = trace[weights].float().tolist()
-    parts.append(per_call_rows([(layer, weights, "weight", j, x) for j, x in enumerate(w)], n_batch))
+    for layer, weights in model.sites_of(PATH_WEIGHTS).items():
+        w = trace[weights].float().tolist()
+        parts.append(per_call_rows([(layer, weights, "weight", j, x) for j, x in enumerate(w)], n_batch))
     return parts, []
 
 
@@ -361,7 +361,7 @@ NON_CAUSAL_ATM = ("Token merging here is the paper's ATM, which is not causal: a
 
 def wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, options: Mapping[str, Any]) -> Trace:
     """A forward of the whole sequence with token merging on, tracing the ATM sites only."""
-    sites = [n for n in model.site_names() if ".atm." in n]
+    sites = [*model.sites_of(ADJACENT_COS).values(), *model.sites_of(MERGE_MAP).values()]
     with tracing(sites) as tr:
         model(torch.tensor([ids]), ablation=ablation, **{**options, ATM: True})
     return tr
@@ -372,31 +372,33 @@ def wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = Non
     tau = options.get(ATM_TAU)
     atm = atm_summary = None
     if second is not None:
-        atm, atm_summary = R.atm_merges(second, tau=tau), R.atm_summary(second, tau=tau)
+        atm, atm_summary = R.atm_merges(second, model, tau=tau), R.atm_summary(second, model, tau=tau)
         atm = atm if len(atm) else None
         causal = options.get(ATM_CAUSAL, model.config.atm_causal)
         if atm is not None and not causal:  # said under the view (the Routing view shows frames' notes)
             atm.attrs["notes"] = [*atm.attrs.get("notes", []), NON_CAUSAL_ATM]
     used = {"tau": model.config.atm_tau if tau is None else tau}
-    return views_of(("dsff_gate", R.dsff_gates(trace), FAMILY), ("gcla_beta", R.gcla_betas(trace), FAMILY),
+    return views_of(("dsff_gate", R.dsff_gates(trace, model), FAMILY),
+                    ("gcla_beta", R.gcla_betas(trace, model), FAMILY),
                     ("atm_merges", atm, FAMILY, used), ("atm_summary", atm_summary, "table", used))
 
 
 def wiola_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):
     g = views["dsff_gate"].frame
-    site = _sites(g[C.LAYER], "gate")
+    site = _role_sites(g, model, GATE)
     a = g[C.GATE_MEAN].to_numpy()
     parts = [export_rows(g, site=site, kind="gate_mean", option=0, value=a, selected=a >= 0.5),
              export_rows(g, site=site, kind="gate_mean", option=1, value=1.0 - a, selected=a < 0.5)]
     betas = views["gcla_beta"].frame
-    parts.append(per_call_rows([(layer, site_name(layer, "gcla_beta"), "beta", None, b)
+    beta_sites = model.sites_of(BLEND)
+    parts.append(per_call_rows([(layer, beta_sites[layer], "beta", None, b)
                                 for layer, b in zip(betas[C.LAYER], betas[C.BETA])], n_batch))
-    atm = R.atm_merges(trace)  # rows only when this call merged tokens
+    atm = R.atm_merges(trace, model)  # rows only when this call merged tokens
     if len(atm):
         cos = atm[atm[C.ADJACENT_COS].notna()]
-        parts.append(export_rows(cos, site=_sites(cos[C.LAYER], "adjacent_cos"), kind="adjacent_cos", option=None,
+        parts.append(export_rows(cos, site=_role_sites(cos, model, ADJACENT_COS), kind="adjacent_cos", option=None,
                                  value=C.ADJACENT_COS))
-        parts.append(export_rows(atm, site=_sites(atm[C.LAYER], "merge_map"), kind="merge", option=None,
+        parts.append(export_rows(atm, site=_role_sites(atm, model, MERGE_MAP), kind="merge", option=None,
                                  value=atm[C.GROUP].astype(float).to_numpy(), selected=C.MERGED))
     return parts, []
 
@@ -412,48 +414,15 @@ def llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunView
     if "pagmlp_pathways" not in views:
         return [], [f"{model.config.label} has no routing layers to export"]
     p = views["pagmlp_pathways"].frame
-    site = _sites(p[C.LAYER], p[C.LABEL] + "_out")
+    site = _option_sites(p, model, PATHS)
     share = p[C.SHARE].to_numpy()
     dominant = share >= np.repeat(share.reshape(-1, 2).max(1), 2)
     parts = [export_rows(p, site=site, kind="norm", value=C.OUT_NORM),
              export_rows(p, site=site, kind="contribution", value=share, selected=dominant)]
     per_call = []
+    scales = model.option_sites_of(PATH_SCALES)
     for layer in dict.fromkeys(p[C.LAYER]):
-        per_call += [(layer, site_name(layer, "alpha"), "alpha", 0, float(trace[site_name(layer, "alpha")])),
-                     (layer, site_name(layer, "beta"), "beta", 1, float(trace[site_name(layer, "beta")]))]
+        alpha, beta = scales[layer]
+        per_call += [(layer, alpha, "alpha", 0, float(trace[alpha])), (layer, beta, "beta", 1, float(trace[beta]))]
     parts.append(per_call_rows(per_call, n_batch))
     return parts, []
-
-
-def family_analysis(model: RouteScopeLM) -> FamilyAnalysis:
-    """The analysis of the model's family, from its spec (`routescope.families`)."""
-    from routescope.families import spec_of  # the spec module imports this one
-
-    return spec_of(model).analysis
-
-
-def routing_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
-                  options: Mapping[str, Any] = {}) -> RunViews:
-    """The views the app draws for this model's traced call (`second`: the family's second pass):
-    the family's own, then GENERIC_VIEWS (each left out where it finds nothing to show)."""
-    views = family_analysis(model).views(trace, model, second=second, options=options)
-    return MappingProxyType({**views, **views_of(*((name, view(trace, model), drawer)
-                                                    for name, view, drawer in GENERIC_VIEWS))})
-
-
-# Views every family gets, read from its routing layers' roles: (name, frame of (trace, model) or
-# None, drawer kind). A new one is a function in analysis.runs.routing and a row here.
-GENERIC_VIEWS: tuple[tuple[str, Callable[[Trace, RouteScopeLM], pd.DataFrame | None], str], ...] = (
-    ("router_entropy", R.router_entropy, "table"),
-)
-
-
-def route_reader(model: RouteScopeLM) -> RouteReader:
-    """The model's per-token routes, or ValueError naming the families that have them."""
-    analysis = family_analysis(model)
-    if analysis.route_reader is None:
-        from routescope.families import specs
-
-        having = ", ".join(s.name for s in specs() if s.analysis.route_reader is not None)
-        raise ValueError(f"{model.config.label} has no per-token routes to read (families with them: {having})")
-    return analysis.route_reader(model)

@@ -18,7 +18,7 @@ from routescope.core_models.devices import model_device
 from routescope.core_models.specs import AblationError
 from routescope.core_models.trace import tracing
 
-from routescope.analysis.runs.families import route_reader
+from routescope.analysis.runs.family_table import route_reader
 
 Counts = dict[str, np.ndarray]  # layer -> picks per option (index o: option o)
 

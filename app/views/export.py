@@ -39,7 +39,7 @@ def _offer(col: Any, label: str, data: bytes | str | Callable[[], str], file_nam
 
 def show(run: Run, tokenizer, drawn: Any, extra: dict[str, Any], table: dict[str, bytes]) -> None:
     """`drawn`: the run's views drawn (`routing.drawn`); `extra`: the tables of the family's own
-    pages (`routescope.families.Page.tables`), label -> (file
+    pages (`app.pages.Page.tables`), label -> (file
     name part, frame)."""
     stem = _stem(run)
     st.caption("Every export carries the model, prompt, settings and ablation (columns, or the run JSON).")

@@ -12,7 +12,7 @@ import torch
 from routescope.analysis.corpus import stats as S
 from routescope.analysis.corpus import data as D
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
-from routescope.analysis.runs.families import route_reader
+from routescope.analysis.runs.family_table import route_reader
 from routescope.core_models import tracing
 from routescope.core_models.checkpoint import load_checkpoint
 from tolerances import EPS32, FORWARD_EPS

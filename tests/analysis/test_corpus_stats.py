@@ -17,7 +17,7 @@ from routescope.analysis.corpus import data as D
 from routescope.analysis.corpus import run as R
 from routescope.analysis.corpus import values as V
 from routescope.analysis.runs import domain as DOM
-from routescope.analysis.runs.families import route_reader
+from routescope.analysis.runs.family_table import route_reader
 from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
 from routescope.core_models import tracing
 from routescope.core_models.checkpoint import load_checkpoint

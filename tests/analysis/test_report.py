@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from routescope.analysis.runs import domain as D
 from routescope.analysis.reports import report as R
-from routescope.analysis.runs.families import route_reader
+from routescope.analysis.runs.family_table import route_reader
 from routescope.rendering.corpus_report import report_page
 from routescope.core_models import Ablation, tracing
 from routescope.core_models.checkpoint import load_checkpoint
