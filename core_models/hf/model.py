@@ -1,0 +1,287 @@
+"""`HFModel`: a transformers causal LM with RouteScope's call interface (ablation, trace, KV cache)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..ablation import Ablation
+from ..base import RouteScopeLM
+from ..run_state import KVCache, RunState, current
+from ..sites import INDICES, LOGITS, PROBS, WEIGHTS, Site, site_name
+from ..specs import AblationError
+from ..trace import Trace, active_trace
+from .config import HFConfig
+from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _InsideRouter, _choice_biases, _site, _wrap)
+from .layout import HFRoutingLayer, _decoder_stack, moe_layout
+from .prune import PruneMixin
+from .quirks import LOGIT_MASK
+from .resume import ResumeMixin
+
+LOAD_BALANCE = "load_balance"  # the auxiliary loss term transformers computes with output_router_logits
+
+
+class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
+    """A transformers causal LM with RouteScope's call interface (ablation, trace, KV cache)."""
+
+    def __init__(self, config: HFConfig, hf_model: nn.Module | None = None) -> None:
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        self.config, self.context, self.vocab_size = config, config.context, config.vocab_size
+        self.hf = hf_model if hf_model is not None else AutoModelForCausalLM.from_config(
+            config.transformers_config(), trust_remote_code=False)
+        layers: dict[str, HFRoutingLayer] = {}
+        sites: dict[str, Site] = {}
+        self._biases: dict[str, list[torch.Tensor]] = {}
+        for block in moe_layout(self.hf):
+            name, n, k = block.router, block.n_experts, block.top_k
+            router = self.hf.get_submodule(name)
+            shapes = {LOGITS: f"[batch, pos, {n}] router logits (dropped experts -inf)",
+                      INDICES: f"[batch, pos, {k}] experts the block routed to (the experts module's input)",
+                      WEIGHTS: f"[batch, pos, {k}] their weights (the experts module's input)",
+                      PROBS: f"[batch, pos, {n}] the router's own probabilities (where it computes them)"}
+            roles = {role: site_name(name, role) for role in shapes}
+            for role, site in roles.items():
+                sites[site] = _site(site, shapes[role])
+            layers[name] = HFRoutingLayer(block, roles)
+            self._biases[name] = _choice_biases(router, n)
+            _wrap(router, self._router_forward, name)
+            _wrap(self.hf.get_submodule(block.experts), self._experts_forward, name)
+            if block.shared:
+                _wrap(self.hf.get_submodule(block.shared), self._shared_forward, name)
+            if block.shared_gate:
+                gate = block.shared_gate
+                sites[gate] = _site(gate, "[batch, pos, 1] shared-expert gate logit (the block applies its sigmoid)")
+                _wrap(self.hf.get_submodule(gate), self._gate_forward, gate)
+        self.routing_modules = layers
+        self.sites = sites
+        self.attn_layers = []
+        self._offload: Any = None  # load_hf's offload folder under device_map="auto"
+        self._stack, self._decoder_of, self._tail = _decoder_stack(self.hf, list(layers))
+        if self._stack is not None:
+            stack = self.hf.get_submodule(self._stack)
+            for i, layer in enumerate(stack):
+                _wrap(layer, self._decoder_forward, i)
+            for i in set(self._decoder_of.values()):
+                attention = getattr(stack[i], "self_attn", None)
+                if isinstance(attention, nn.Module):
+                    _wrap(attention, self._attention_forward, i)
+
+    # --- wrapped forwards (installed once at load; per-call state only in ContextVars) --------------
+    # Each is `inner` (the module's own forward) plus what the call in progress asks for. Idle, that is
+    # one or two ContextVar reads: no module carries a hook, so torch calls each one on its fast path.
+    def _decoder_forward(self, i: int, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        cap = _CAPTURE.get()
+        if cap is not None:
+            cap.inputs[i] = (args, dict(kwargs))
+        return inner(*args, **kwargs)
+
+    def _attention_forward(self, i: int, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        """A routing decoder layer's attention: the output `resume` hands it (`_REUSE_ATTENTION`) instead
+        of computing it again; under `capture`, its output kept where the layer's experts have not run
+        yet (then no ablation of the layer can change it)."""
+        reuse = _REUSE_ATTENTION.get()
+        if reuse is not None and reuse[0] is self and reuse[1] == i:
+            return reuse[2]
+        out = inner(*args, **kwargs)
+        cap = _CAPTURE.get()
+        if cap is not None and not any(self._decoder_of[r] == i for r in cap.experts):
+            cap.attention[i] = out
+        return out
+
+    def _router_forward(self, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        st, tr = current(), active_trace()
+        dropped, row_mask = self._dropped_now(name, st) if st.row_ablations is not None or not st.ablation.is_empty \
+            else (_NONE, None)
+        layer = self.routing_modules[name]
+        want_probs = tr is not None and tr.wants(layer.roles[PROBS])
+        mode = None
+        if dropped or want_probs:
+            mode = _InsideRouter(dropped, want_probs, self._biases[name],
+                                 LOGIT_MASK.get(self.config.model_type, float("-inf")), row_mask)
+            with mode:
+                output = inner(*args, **kwargs)
+        else:
+            output = inner(*args, **kwargs)
+        if tr is not None:
+            logits = output[layer.block.logits_index] if isinstance(output, (tuple, list)) else output
+            self._visit(tr, layer.roles[LOGITS], logits)
+            if mode is not None and mode.probs is not None:
+                self._visit(tr, layer.roles[PROBS], mode.probs)
+        return output
+
+    def _experts_forward(self, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        """Every MoE block transformers ships calls experts(hidden, top_k_index, top_k_weights) positionally
+        (tests/analysis/test_hf_coverage.py checks each type)."""
+        if len(args) >= 3:
+            cap = _CAPTURE.get()
+            if cap is not None:
+                cap.experts[name] = tuple(args[:3])
+            tr = active_trace()
+            if tr is not None:
+                roles = self.routing_modules[name].roles
+                self._visit(tr, roles[INDICES], args[1])
+                self._visit(tr, roles[WEIGHTS], args[2])
+        return inner(*args, **kwargs)
+
+    def _visit(self, tr: Trace, site: str, x: Any) -> None:
+        if isinstance(x, torch.Tensor) and tr.wants(site):
+            tr.visit(site, x.reshape(_BATCH.get(), -1, x.shape[-1]), 1, self.sites[site].shape)
+
+    def _shared_forward(self, layer: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        """A shared expert: its output zeroed where the call drops it (the layer's last option)."""
+        output = inner(*args, **kwargs)
+        st = current()
+        option = self.routing_modules[layer].n_experts
+        if st.row_ablations is not None:
+            drop = torch.tensor([option in a.dropped(layer) for a in st.row_ablations], device=output.device)
+            if bool(drop.any()):
+                return output.reshape(drop.shape[0], -1).masked_fill(drop[:, None], 0).reshape(output.shape)
+            return output
+        ab = st.ablation
+        if not ab.is_empty and option in ab.dropped(layer):
+            return torch.zeros_like(output)
+        return output
+
+    def _gate_forward(self, site: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        output = inner(*args, **kwargs)
+        tr = active_trace()
+        if tr is not None and tr.wants(site):
+            self._visit(tr, site, output)
+        return output
+
+    def _dropped_now(self, layer: str, st: RunState) -> tuple[frozenset[int], torch.Tensor | None]:
+        """The routed experts the call in progress drops at `layer` (all rows together), and where rows
+        carry different ablations a [rows, n] mask of each row's (else None)."""
+        if st.row_ablations is None:
+            return self._dropped_experts(layer, st.ablation), None
+        per = [self._dropped_experts(layer, a) for a in st.row_ablations]
+        union = frozenset().union(*per)
+        if all(p == per[0] for p in per):
+            return union, None
+        mask = torch.zeros(len(per), self.routing_modules[layer].n_experts, dtype=torch.bool)
+        for r, p in enumerate(per):
+            mask[r, list(p)] = True
+        return union, mask
+
+    def _dropped_experts(self, layer: str, ab: Ablation) -> frozenset[int]:
+        """The routed experts the call drops at `layer` (forcing one drops the others)."""
+        if ab.is_empty:
+            return frozenset()
+        m = self.routing_modules[layer]
+        forced = ab.forced(layer)
+        if forced is not None:  # forcing a routed expert: every other routed expert is dropped
+            return frozenset(range(m.n_experts)) - {forced}
+        return frozenset(o for o in ab.dropped(layer) if o < m.n_experts)
+
+    # --- RouteScopeLM -------------------------------------------------------------------------
+    row_ablations_supported = True
+
+    def forward(self, idx: torch.Tensor, **kw: Any):
+        for ab in {kw.get("ablation"), *(kw.get("row_ablations") or ())}:
+            if ab is not None and not ab.is_empty:
+                self._check_ablation(ab)
+        return super().forward(idx, **kw)
+
+    def _check_ablation(self, ab: Ablation) -> None:
+        """Refusals beyond `Ablation.validate` that follow from how transformers routes."""
+        for layer, m in self.routing_modules.items():
+            if m.shared and ab.forced(layer) == m.n_experts:
+                raise AblationError(f"invalid ablation: force {layer}:{m.n_experts}: the shared expert always "
+                                    "runs; force a routed expert (0.."
+                                    f"{m.n_experts - 1}) or drop the shared one")
+            left = m.n_experts - len(self._dropped_experts(layer, ab))
+            if self.config.model_type in LOGIT_MASK and 0 < left < m.top_k:
+                raise AblationError(f"invalid ablation: {layer!r} keeps {left} routed expert(s) but "
+                                    f"{self.config.model_type} routes each token to {m.top_k}: with a finite mask "
+                                    "its router would still weight a dropped expert; keep at least "
+                                    f"{m.top_k}")
+            if left <= 0:
+                raise AblationError(f"invalid ablation: drop: every routed expert of layer {layer!r} is "
+                                    "dropped; at least one must remain")
+
+    def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        st = current()
+        past = st.cache.extra.get("hf") if st.cache is not None else None
+        attention = None if st.pad_mask is None else (~st.pad_mask).long()
+        if attention is not None and past is not None:
+            raise ValueError("padding and a KV cache together are not supported for HF models")
+        balance = st.training and bool(self.routing_modules)  # transformers' own load-balancing loss
+        cached = st.cache is not None
+        token = _BATCH.set(idx.shape[0])
+        try:
+            out = self.hf(input_ids=idx, attention_mask=attention, past_key_values=past,
+                          use_cache=cached, **({"output_router_logits": True} if balance else {}))
+        finally:
+            _BATCH.reset(token)
+        if cached:  # the cache the model made on the first call (its own kind: hybrid and linear-attention
+            st.cache.extra["hf"] = out.past_key_values  # models bring theirs), carried to the next
+
+        if balance and getattr(out, "aux_loss", None) is not None:
+            st.aux[LOAD_BALANCE] = out.aux_loss
+        return out.logits.float() if st.float_logits else out.logits
+
+
+    def float32_copy(self) -> "HFModel":
+        """A float32 copy, rebuilt by transformers and given the weights (the shared model is not touched)."""
+        from transformers import AutoModelForCausalLM
+
+        if all(p.dtype == torch.float32 for p in self.parameters()):
+            return self
+        hf = AutoModelForCausalLM.from_config(self.config.transformers_config(), trust_remote_code=False,
+                                              dtype=torch.float32)
+        hf.load_state_dict({k: v.float() for k, v in self.hf.state_dict().items()})
+        return HFModel(self.config, hf.to(self.device).eval()).eval()
+
+
+    def aux_weights(self) -> dict[str, float]:
+        """Training: transformers' load-balancing loss, weighted by the model's router_aux_loss_coef."""
+        coef = getattr(self.hf.config, "router_aux_loss_coef", None)
+        return {LOAD_BALANCE: float(coef)} if coef is not None else {}
+
+
+    def token_embedding(self) -> str:
+        emb = self.hf.get_input_embeddings()  # transformers says which module it is
+        return next(f"hf.{n}" for n, m in self.hf.named_modules() if m is emb)
+
+    def new_cache(self) -> KVCache:
+        cache = KVCache(0)
+        cache.extra["hf"] = None  # transformers makes the model's own kind of cache on the first call
+        return cache
+
+    @property
+    def device(self) -> torch.device:
+        """Where inputs go: the parameters' device, or under a device map (accelerate) the device the
+        input embedding runs on (offloaded parameters sit on the meta device meanwhile)."""
+        placement = self.hf.__dict__.get("hf_device_map")  # set by transformers only when a map was used
+        if not placement:
+            return super().device
+        emb = next(n for n, m in self.hf.named_modules() if m is self.hf.get_input_embeddings())
+        where = max((k for k in placement if emb == k or emb.startswith(k + ".") or k == ""), key=len)
+        return execution_device(placement[where])
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Module -> device under a device map ({} when the whole model sits on one device)."""
+        return {k: str(execution_device(v)) if v != "disk" else "disk"
+                for k, v in (self.hf.__dict__.get("hf_device_map") or {}).items()}
+
+    def active_params(self) -> int:
+        """Per token: everything but the experts a token does not use (k of n routed experts)."""
+        total = self.num_params()
+        for name, m in self.routing_modules.items():
+            experts = self.hf.get_submodule(m.block.experts)
+            per_expert = sum(p.numel() for p in experts.parameters()) // m.n_experts
+            total -= per_expert * (m.n_experts - m.top_k)
+        return total
+
+
+def execution_device(where: Any) -> torch.device:
+    """A device-map entry (GPU index, "cpu", "disk", "cuda:1", ...) -> where its inputs are computed:
+    accelerate runs disk-offloaded modules on the CPU when no GPU is in the map."""
+    if isinstance(where, int):
+        return torch.device("cuda", where)
+    return torch.device("cpu" if where == "disk" else where)
+

@@ -1,0 +1,125 @@
+"""Prefix reuse: one forward captured (`HFModel.capture`), then restarted at a routing layer's decoder
+layer under other ablations (`HFModel.resume`), on transformers' own decoder layers."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..ablation import Ablation
+from ..run_state import RunState, running
+from ..specs import ALL_LAYERS
+from .instrument import _BATCH, _CAPTURE, _REUSE_ATTENTION, Prefix
+
+
+class ResumeMixin:
+    """HFModel's capture / resume (needs its routing_modules, _stack, _decoder_of and _tail)."""
+
+    # --- prefix reuse: a forward restarted at a routing layer's decoder layer ----------------------
+    @property
+    def can_resume(self) -> bool:
+        """Whether `capture` / `resume` work for this model: its routers sit in one stack of decoder
+        layers, followed by a final norm and the output embedding."""
+        return self._stack is not None
+
+    def capture(self, idx: torch.Tensor) -> Prefix:
+        """One plain forward of `idx` that keeps each decoder layer's input (its hidden states and the
+        other arguments transformers gave it) and each experts module's input."""
+        if self._stack is None:
+            raise ValueError(f"{self.config.model_type}: its forward cannot be restarted at a routing layer "
+                             "(no single stack of decoder layers with a final norm)")
+        cap = Prefix(rows=int(idx.shape[0]))
+        token = _CAPTURE.set(cap)
+        try:
+            cap.logits = self(idx).logits
+        finally:
+            _CAPTURE.reset(token)
+        return cap
+
+    def resume(self, prefix: Prefix, layer: str, row_ablations: list[Ablation] | tuple, *,
+               head: bool = True) -> torch.Tensor:
+        """Logits [len(row_ablations), pos, vocab] (float32) of the captured batch repeated
+        len(row_ablations) / prefix.rows times, block j of rows under ablations j * rows ..., run from
+        the decoder layer of routing layer `layer` on with transformers' own decoder layers, final norm
+        and output embedding. Every ablation must leave the layers before `layer` alone. That decoder
+        layer's attention, computed before its experts (`Prefix.attention`), is not computed again:
+        its captured output is returned by the attention's wrapped forward (`_attention_forward`). `head=False`:
+        the final norm's output [len(row_ablations), pos, hidden] instead (`output_embedding`'s input),
+        for a caller that needs the logits of some positions only, or a chunk at a time."""
+        start, R = self._decoder_of[layer], prefix.rows
+        if len(row_ablations) % R or not row_ablations:
+            raise ValueError(f"resume: {len(row_ablations)} row ablations for {R} captured rows")
+        order = list(self.routing_modules)
+        before = set(order[:order.index(layer)])
+        for ab in set(row_ablations):
+            ab.validate(self.routing_layers())
+            if any(l in before or l == ALL_LAYERS for l, _ in ab.drop) or ab.force or ab.modes:
+                raise ValueError(f"resume from {layer}: ablation {ab.describe()} touches an earlier layer or forces")
+            self._check_ablation(ab)
+        m, stack = len(row_ablations) // R, self.hf.get_submodule(self._stack)
+        copies: dict[int, Any] = {}
+        h = None
+        state = RunState(row_ablations=tuple(row_ablations))
+        reuse = (self, start, _repeat_rows(prefix.attention[start], R, m, copies)) \
+            if start in prefix.attention else None
+        with running(state):
+            token = _BATCH.set(len(row_ablations))
+            try:
+                for i in range(start, len(stack)):
+                    args, kwargs = _repeat_rows(prefix.inputs[i], R, m, copies)
+                    if h is not None:
+                        args, kwargs = _with_hidden(args, kwargs, h)
+                    reusing = _REUSE_ATTENTION.set(reuse if i == start else None)
+                    try:
+                        out = stack[i](*args, **kwargs)
+                    finally:
+                        _REUSE_ATTENTION.reset(reusing)
+                    h = out[0] if isinstance(out, (tuple, list)) else out
+                hidden = self.hf.get_submodule(self._tail[0])(h)
+            finally:
+                _BATCH.reset(token)
+        return self.output_embedding(hidden).float() if head else hidden
+
+    @property
+    def output_embedding(self) -> nn.Module:
+        """transformers' output embedding (`get_output_embeddings`): final hidden states -> logits."""
+        return self.hf.get_submodule(self._tail[1])
+
+    def expert_output_norms(self, prefix: Prefix, layer: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(indices [N, k], weights [N, k], ||expert output|| [N, k]) at `layer` for the N tokens of the
+        captured batch (rows x pos): each selected expert's own output, from transformers' experts module
+        called on the captured input with that slot's weight 1 and the others 0."""
+        hidden, idx, w = prefix.experts[layer]
+        experts = self.hf.get_submodule(self.routing_modules[layer].block.experts)
+        norms = []
+        for slot in range(idx.shape[-1]):
+            one = torch.zeros_like(w)
+            one[..., slot] = 1
+            norms.append(experts(hidden, idx, one).float().norm(dim=-1))
+        return idx.reshape(-1, idx.shape[-1]), w.reshape(-1, w.shape[-1]).float(), \
+            torch.stack(norms, -1).reshape(-1, idx.shape[-1])
+
+def _repeat_rows(x: Any, rows: int, times: int, copies: dict[int, Any]) -> Any:
+    """`x` (tensors nested in tuples, lists and dicts) with every tensor whose first axis is the batch
+    (`rows` long) repeated `times` times along it; the same tensor is repeated once (`copies`)."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0 or x.shape[0] != rows or times == 1:
+            return x
+        if id(x) not in copies:
+            copies[id(x)] = x.repeat(times, *[1] * (x.dim() - 1))
+        return copies[id(x)]
+    if isinstance(x, tuple):
+        return tuple(_repeat_rows(v, rows, times, copies) for v in x)
+    if isinstance(x, list):
+        return [_repeat_rows(v, rows, times, copies) for v in x]
+    if isinstance(x, dict):
+        return {k: _repeat_rows(v, rows, times, copies) for k, v in x.items()}
+    return x
+
+
+def _with_hidden(args: tuple, kwargs: dict, h: torch.Tensor) -> tuple[tuple, dict]:
+    if args:
+        return (h, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": h}
+
