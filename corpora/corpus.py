@@ -95,6 +95,17 @@ def validation_documents(domain: str, n: int = 200) -> list[str]:
     return list(_validation(domain, n))
 
 
+def validation_rows(tokenizer, domain: str, n_docs: int, seq_len: int) -> list[list[int]]:
+    """A domain's validation documents (each followed by EOT) as token ids packed into rows of
+    seq_len + 1 (input and shifted target); the tail that fills no row is dropped. `tokenizer`: any
+    object whose `encode(text).ids` gives ids (an HF tokenizers Tokenizer)."""
+    ids: list[int] = []
+    for doc in validation_documents(domain, n_docs):
+        ids.extend(tokenizer.encode(doc + EOT).ids)
+    width = seq_len + 1
+    return [ids[i:i + width] for i in range(0, len(ids) // width * width, width)]
+
+
 def iter_text(domains: Mapping[str, float] | str, seed: int, split: str = "train") -> Iterator[str]:
     """Documents from several domains mixed by weight, each followed by EOT.
 

@@ -13,7 +13,7 @@ domain's validation split, with two sections of its own.
    dropped in every routing layer (`Ablation(drop=(("*", j),))`: a path not run, a block/expert
    never selected, a pathway or stream switched off) beside the unablated loss, and the mean
    KL(base || dropped) of the next-token distributions (`effects.ablation_effects`), on the
-   trainer's validation text (`trainer.validation_batches`: rows of seq_len + 1 tokens), so with
+   trainer's validation text (`corpora.corpus.validation_rows`: rows of seq_len + 1 tokens), so with
    the trainer's settings (100 documents, seq_len 256) the unablated loss is the one in training.json.
 
 `collect` runs the model; `extra_sections` renders sections 2 and 3 as HTML (the page itself is
@@ -32,17 +32,16 @@ import torch.nn.functional as F
 
 from routescope.corpora import corpus
 from routescope.core_models.ablation import Ablation
-from routescope.core_models.training.trainer import TrainConfig, validation_batches
 from routescope.core_models.specs import AblationError
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.corpus.data import validation_split
+from routescope.analysis.corpus.shipped import validation_split
 from routescope.analysis.corpus.page import html_table
 from routescope.analysis.export.html_safe import text
 from routescope.analysis.corpus.run import CorpusResult, CorpusSettings, run_corpus
 from routescope.analysis.runs import family_table as FT
 from routescope.analysis.runs.effects import ablation_effects
-from routescope.analysis.runs.prompts import TokenText
+from routescope.analysis.export.run_table import TokenText
 from routescope.analysis.runs.routing import option_names
 
 # report-specific columns
@@ -87,8 +86,8 @@ def accuracy_wide(acc: pd.DataFrame) -> pd.DataFrame:
 
 def validation_rows(tokenizer: Any, n_docs: int, seq_len: int) -> dict[str, torch.Tensor]:
     """Domain -> (rows, seq_len + 1) token ids of the trainer's validation text."""
-    c = TrainConfig(preset="report", seq_len=seq_len, eval_docs=n_docs)
-    return {d: validation_batches(tokenizer, d, c) for d in corpus.DOMAINS}
+    return {d: torch.tensor(corpus.validation_rows(tokenizer, d, n_docs, seq_len), dtype=torch.long)
+            .view(-1, seq_len + 1) for d in corpus.DOMAINS}
 
 
 def _device(model: Any) -> torch.device:

@@ -173,11 +173,8 @@ def domain_route_targets(domains: torch.Tensor, c: TrainConfig) -> torch.Tensor:
 
 
 def validation_batches(tokenizer, domain: str, c: TrainConfig) -> torch.Tensor:
-    ids: list[int] = []
-    for doc in corpus.validation_documents(domain, c.eval_docs):
-        ids.extend(tokenizer.encode(doc + corpus.EOT).ids)
-    n = len(ids) // (c.seq_len + 1)
-    return torch.tensor(ids[: n * (c.seq_len + 1)]).view(n, c.seq_len + 1)
+    rows = corpus.validation_rows(tokenizer, domain, c.eval_docs, c.seq_len)
+    return torch.tensor(rows, dtype=torch.long).view(len(rows), c.seq_len + 1)
 
 
 @torch.no_grad()
