@@ -30,10 +30,11 @@ from torch.overrides import TorchFunctionMode
 
 from .base import RouteScopeLM
 from .config import BaseConfig, ConfigError, json_kind
-from .devices import (STORED, parse_max_memory, place, require_fits, resolve_device, resolve_device_map, resolve_dtype,
+from .devices import (parse_max_memory, place, require_fits, resolve_device, resolve_device_map, resolve_dtype,
                       run_dtype)
-from .hf import is_hf_config
+from .hf import HFConfig, check_hf_directory, is_hf_config, load_hf
 from .registry import build_model, config_from_dict, param_count
+from .weights import CheckpointError, Header, read_header, stored_dtype
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -46,17 +47,6 @@ DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32
                torch.bool: "BOOL"}  # torch dtype -> safetensors' name
 MAX_CONFIG_BYTES = 2**20  # a config is a few hundred bytes
 SHOWN_PROBLEMS = 6  # the message lists this many; CheckpointError.problems has them all
-
-Header = dict[str, tuple[tuple[int, ...], str]]  # tensor name -> (shape, safetensors dtype name)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory is incomplete or does not match its config; the message lists what."""
-
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        super().__init__(" ".join(message.split("\n")))  # always one line: shown as-is by the CLI and app
-        self.problems = problems or []
-
 
 def _listing(problems: list[str]) -> str:
     more = len(problems) - SHOWN_PROBLEMS
@@ -152,18 +142,8 @@ def checkpoint_config(path: str | os.PathLike) -> BaseConfig:
     model's (config.json with a model_type: an `hf.HFConfig`)."""
     raw = read_config(path)
     if is_hf_config(raw):
-        from .hf import HFConfig
         return HFConfig.from_hf_dict(raw)
     return read_model_config(path)
-
-
-def read_header(weights: str | os.PathLike) -> Header:
-    """Every tensor's name, shape and dtype from the safetensors header; no tensor data is read."""
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            return {k: (tuple(s.get_shape()), s.get_dtype()) for k in f.keys() for s in (f.get_slice(k),)}
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise CheckpointError(f"{weights}: not a readable safetensors file ({e})") from None
 
 
 def _oversized_fields(config: BaseConfig, header: Header) -> list[str]:
@@ -290,15 +270,6 @@ def load_tokenizer_file(path: str | os.PathLike):
         raise CheckpointError(f"{path}: not a valid HF tokenizers file ({e})") from None
 
 
-def stored_dtype(header: Header) -> torch.dtype | None:
-    """The floating dtype most of a checkpoint's parameters are stored in (by count), or None."""
-    counts: dict[torch.dtype, int] = {}
-    for shape, name in header.values():
-        if name in STORED:
-            counts[STORED[name]] = counts.get(STORED[name], 0) + math.prod(shape)
-    return max(counts, key=counts.get) if counts else None
-
-
 def tokenizer_mismatch(tokenizer, vocab_size: int) -> str | None:
     """Why `tokenizer` cannot serve a model of `vocab_size` ids, or None. Both directions break: with
     fewer tokens the ids past the tokenizer decode to nothing (the model can and does emit them),
@@ -319,8 +290,6 @@ log = logging.getLogger(__name__)
 def _load_hf_checkpoint(path: Path, raw: dict, device: torch.device, dtype: torch.dtype | None,
                         device_map: str | None = None, max_memory: dict | None = None):
     """A transformers model directory, loaded by transformers from local safetensors files only."""
-    from .hf import check_hf_directory, load_hf
-
     try:
         check_hf_directory(path, raw)
     except ValueError as e:

@@ -24,11 +24,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from .base import RouteScopeLM
-from .checkpoint import (DTYPE_NAMES, CheckpointError, Header, check_size, load_tokenizer_file, materialise,
-                         read_header, save_checkpoint, shape_model, storage_dtypes, tokenizer_mismatch)
+from .checkpoint import (DTYPE_NAMES, check_size, load_tokenizer_file, materialise, save_checkpoint, shape_model,
+                         storage_dtypes, tokenizer_mismatch)
 from .config import BaseConfig, ConfigError, json_kind, short_repr
 from .papaformer import PapaformerConfig
 from .pgpt import PGPTConfig
+from .weights import CheckpointError, Header, read_header
 
 SOURCES = ("papaformer-share-linear", "papaformer-gumbel-v1", "papaformer-gumbel-v2", "pgpt")
 COMBINER = {"papaformer-share-linear": "share_linear", "papaformer-gumbel-v1": "gumbel_v1",

@@ -13,7 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from routescope.core_models.checkpoint import DTYPE_NAMES, read_header
+from routescope.core_models.checkpoint import DTYPE_NAMES
+from routescope.core_models.weights import read_header
 from routescope.core_models.training.trainer import model_card
 
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"

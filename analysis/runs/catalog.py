@@ -72,7 +72,8 @@ def _describe_hf(path: Path, config: dict, summary: dict) -> CheckpointInfo:
     headers (no tensor read, no model built)."""
     import math
 
-    from routescope.core_models.checkpoint import read_header, weight_files
+    from routescope.core_models.checkpoint import weight_files
+    from routescope.core_models.weights import read_header
     from routescope.core_models.hf import check_hf_directory
 
     problem, params = None, summary.get("params_total")

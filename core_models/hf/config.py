@@ -44,6 +44,7 @@ class HFConfig(BaseConfig):
         object.__setattr__(self, "hf_config", json.dumps(d, sort_keys=True))
 
     def transformers_config(self) -> Any:
+        # transformers is optional (the hf extra): imported when an HF model is used
         from transformers import AutoConfig
 
         d = _decode_floats(json.loads(self.hf_config))
@@ -63,6 +64,7 @@ class HFConfig(BaseConfig):
 
 
 def _transformers_version() -> str:
+    # transformers is optional (the hf extra): imported when an HF model is used
     import transformers
 
     return transformers.__version__
@@ -86,6 +88,7 @@ def _text(d: dict) -> dict:
 
 def hf_param_count(config: HFConfig) -> int:
     """Parameters of the transformers model `config` describes (built on the meta device)."""
+    # transformers is optional (the hf extra): imported when an HF model is used
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):

@@ -11,6 +11,7 @@ import torch
 from safetensors import SafetensorError
 
 from ..devices import DTYPES, TooLarge, require_fits, run_dtype
+from ..weights import read_header, stored_dtype
 from .config import HFConfig, _transformers_version
 from .layout import UnsupportedMoE, moe_layout
 from .model import HFModel
@@ -43,8 +44,6 @@ def check_hf_directory(path: str | os.PathLike, d: dict) -> None:
 def _stored_dtype(path: Path, d: dict) -> torch.dtype | None:
     """The dtype a transformers directory stores: its config's `dtype` (`torch_dtype` before
     transformers 5), else the first safetensors file's tensors."""
-    from ..checkpoint import read_header, stored_dtype
-
     named = d.get("dtype", d.get("torch_dtype"))
     if isinstance(named, str) and DTYPES.get(named.removeprefix("torch.")) is not None:
         return DTYPES[named.removeprefix("torch.")]
@@ -79,12 +78,14 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     if device_map is not None and device.type == "meta":
         raise ValueError("device_map 'auto' places weights; it does not apply to the meta device")
     try:
+        # transformers is optional (the hf extra): imported when an HF model is used
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise ValueError(f"{path}: a Hugging Face transformers model ({d.get('model_type')}) needs the hf extra: "
                          "pip install -c constraints.txt -c constraints-hf.txt -e '.[hf]'") from None
 
+    # transformers is optional (the hf extra): imported when an HF model is used
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if d.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:  # before transformers lists its ~900 names
@@ -93,8 +94,6 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
                              "config.json); RouteScope never runs a model directory's code")
         raise ValueError(f"{path}: model_type {d.get('model_type')!r} is not a causal language model this "
                          f"transformers ({_transformers_version()}) knows")
-    from ..checkpoint import read_header
-
     for weights in sorted(Path(path).glob("*.safetensors")):  # a truncated or oversized file, named in one line
         read_header(weights)
     config = HFConfig.from_hf_dict(d)

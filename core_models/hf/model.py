@@ -27,6 +27,7 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
 
     def __init__(self, config: HFConfig, hf_model: nn.Module | None = None) -> None:
         super().__init__()
+        # transformers is optional (the hf extra): imported when an HF model is used
         from transformers import AutoModelForCausalLM
 
         self.config, self.context, self.vocab_size = config, config.context, config.vocab_size
@@ -226,6 +227,7 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
 
     def float32_copy(self) -> "HFModel":
         """A float32 copy, rebuilt by transformers and given the weights (the shared model is not touched)."""
+        # transformers is optional (the hf extra): imported when an HF model is used
         from transformers import AutoModelForCausalLM
 
         if all(p.dtype == torch.float32 for p in self.parameters()):

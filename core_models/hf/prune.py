@@ -30,6 +30,7 @@ class PruneMixin:
         """A new transformers model without the experts `drop` names (layer -> options, the same count in
         every MoE layer): transformers builds it from the config with the expert count lowered, and it
         gets the kept weights (router rows and expert tensors sliced on their expert axis)."""
+        # transformers is optional (the hf extra): imported when an HF model is used
         from transformers import AutoModelForCausalLM
 
         counts = {len(v) for v in drop.values()}
@@ -61,6 +62,7 @@ class PruneMixin:
     def write_checkpoint_files(self, path: Path, dtype: torch.dtype) -> None:
         """What `checkpoint.save_checkpoint` writes for this model: transformers' own save_pretrained
         (config.json, safetensors) of a copy in the storage dtype (the shared model is not touched)."""
+        # transformers is optional (the hf extra): imported when an HF model is used
         from transformers.utils import logging as hf_logging
 
         bars = hf_logging.is_progress_bar_enabled()
