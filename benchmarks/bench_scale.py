@@ -60,7 +60,7 @@ def atm_rates(args) -> tuple[C.Table, float, float, str]:
             ids = tok.encode(doc).ids[:model.context]
             with torch.no_grad(), tracing(sites) as tr:
                 model(torch.tensor([ids]), atm=True)
-            rows.append(atm_summary(tr))
+            rows.append(atm_summary(tr, model))
         df = pd.concat(rows, ignore_index=True)
         frames.append(df)
         t.add(domain, str(n_docs), float(df[COL.N_TOKENS].mean()), C.fmt(float(df[COL.MU].mean()), "%"),
@@ -112,7 +112,7 @@ def atm_sweep(args) -> C.Table:
         for d in docs:
             with torch.inference_mode(), tracing(sites) as tr:
                 model(d, atm=True, atm_tau=tau)
-            rows.append(atm_summary(tr))
+            rows.append(atm_summary(tr, model))
         df = pd.concat(rows, ignore_index=True)
         with torch.inference_mode():
             s = C.interleaved({"off": lambda: model(longest, atm=False),
@@ -153,7 +153,7 @@ def atm_cosines(args) -> C.Table:
         for d in validation_documents(dom, n_docs):
             with torch.inference_mode(), tracing(sites) as tr:
                 model(torch.tensor([tok.encode(d).ids[:model.context]]), atm=True)
-            frames.append(atm_merges(tr))
+            frames.append(atm_merges(tr, model))
     df = pd.concat(frames, ignore_index=True).dropna(subset=[COL.ADJACENT_COS])
     qs = (0.5, 0.9, 0.95, 0.99)
     cuts = sorted({model.config.atm_tau, PAPER_TAU, 0.6, 0.8})

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .run_state import RunState, current
-from .sites import RoutingLayer, Site
+from .sites import PATH_SCALES, PATHS, RoutingLayer, Site
 
 NORMS = ("rms", "layer")
 FFNS = ("swiglu", "geglu", "pagmlp", "gelu")
@@ -219,6 +219,8 @@ class PAGMLP(RoutingLayer):
 
     n_options = 2  # 0 = SwiGLU pathway, 1 = GEGLU pathway
     option_noun = "pathway"
+    role_sites = {}  # no per-token option weights: the pathways are scaled per call (PATH_SCALES)
+    option_role_sites = {PATHS: ("swiglu_out", "geglu_out"), PATH_SCALES: ("alpha", "beta")}
 
     def __init__(self, dim: int, hidden: int, bias: bool = False, gate: str = "independent") -> None:
         super().__init__()
@@ -237,6 +239,12 @@ class PAGMLP(RoutingLayer):
 
     def option_labels(self) -> list[str]:
         return ["SwiGLU pathway", "GEGLU pathway"]
+
+    def path_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dim, hidden/2) each: the columns of the down projection that read pathway j's output
+        (PATHS j), so pathway j contributes path_projections()[j] @ act_j to the layer output."""
+        w = self.down.weight
+        return w[:, :self.half], w[:, self.half:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self.gate(x), self.up(x)  # (B, T, h)

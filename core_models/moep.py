@@ -92,7 +92,7 @@ from .layers import Block, BlockSpec, init_weights, scaled_residual_init
 from .pgpt import GPTEmbedding
 from .routers import Route, TopKRouter
 from .run_state import current
-from .sites import INDICES, LOGITS, PROBS, WEIGHTS, RoutingLayer, Site, site_name
+from .sites import COMBINED, INDICES, LOGITS, PATHS, PROBS, WEIGHTS, RoutingLayer, Site, site_name
 from .trace import active_trace
 
 EXPERTS = ("linear", "swiglu")
@@ -255,6 +255,11 @@ class MoE(RoutingLayer):
         self.experts = nn.ModuleList(make_expert(c, in_dim, out_dim) for _ in range(c.n_experts))
         self.out = Site(f"[batch, pos, {out_dim}] weighted sum of the selected experts' outputs")
 
+    @property
+    def option_roles(self) -> dict[str, tuple[str, ...]]:
+        """Each expert's output (densified: 0 for tokens not routed to it)."""
+        return {PATHS: tuple(site_name(self.name, "experts", j, "out") for j in range(len(self.experts)))}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         x = self.norm(x)
@@ -295,7 +300,7 @@ class ParallelLayer(RoutingLayer):
 
     option_noun = "block"
     can_force = True  # the top-k router decides
-    role_sites = TOPK_ROLES
+    role_sites = {**TOPK_ROLES, COMBINED: "combined"}
 
     def __init__(self, c: MoEPConfig) -> None:
         super().__init__()
@@ -304,6 +309,11 @@ class ParallelLayer(RoutingLayer):
         self.blocks = nn.ModuleList(ParallelBlock(c.spec(c.d_par, c.n_par_heads)) for _ in range(c.n_blocks))
         self.combined = Site("[batch, pos, d_par] weighted sum of the selected blocks' outputs")
         self.out = Site("[batch, pos, d_par] layer output (= combined; the residual is inside each block)")
+
+    @property
+    def option_roles(self) -> dict[str, tuple[str, ...]]:
+        """Each block's output (recorded only for blocks that ran)."""
+        return {PATHS: tuple(site_name(self.name, "blocks", j, "out") for j in range(len(self.blocks)))}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         st = current()

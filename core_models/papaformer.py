@@ -55,7 +55,7 @@ from .config import BaseConfig
 from .layers import ROPES, Block, BlockSpec, RMSNorm, init_weights
 from .routers import AUX_BALANCE, AUX_ENTROPY, AUX_ROUTE, AUX_Z, GUMBEL_TAU, ROUTE_TARGETS, GumbelRouter
 from .run_state import current
-from .sites import CHOICE, LOGITS, OPTION_WEIGHTS, PROBS, RoutingLayer, Site, site_name
+from .sites import CHOICE, COMBINED, LOGITS, OPTION_WEIGHTS, PATHS, PROBS, RoutingLayer, Site, site_name
 
 COMBINERS = ("share_linear", "gumbel_v1", "gumbel_v2")
 
@@ -175,12 +175,18 @@ class ParallelLayer(RoutingLayer):
 
     @property
     def roles(self) -> dict[str, str]:
-        """A Gumbel router's sites; Share-Linear has no router (its routes are read from the path
-        and combined outputs by cosine dominance)."""
-        if self.router is None:
-            return {}
-        rel = {LOGITS: "logits", PROBS: "probs", CHOICE: "choice", OPTION_WEIGHTS: "weights"}
-        return {role: site_name(self.name, "router", s) for role, s in rel.items()}
+        """The combined representation, and a Gumbel router's sites; Share-Linear has no router (its
+        routes are read from the path and combined outputs by cosine dominance)."""
+        roles = {COMBINED: site_name(self.name, "combined")}
+        if self.router is not None:
+            rel = {LOGITS: "logits", PROBS: "probs", CHOICE: "choice", OPTION_WEIGHTS: "weights"}
+            roles.update({role: site_name(self.name, "router", s) for role, s in rel.items()})
+        return roles
+
+    @property
+    def option_roles(self) -> dict[str, tuple[str, ...]]:
+        """Each path's output (the combined candidate of a Gumbel layer is COMBINED)."""
+        return {PATHS: tuple(site_name(self.name, "paths", j, "out") for j in range(len(self.paths)))}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Share-Linear has no router: forcing a path drops the others; a Gumbel router gets the force
@@ -203,6 +209,12 @@ class ParallelLayer(RoutingLayer):
         if self.grow is not None:
             y = self.grow(y)
         return self.out(y)
+
+
+def parallel_layer(i: int) -> str:
+    """The routing layer name (module path) of a PaPaformer's parallel layer i, from 0 (`Papaformer.parallel`):
+    how the paper's printed routes (Table 6), which come without a model, name their layers."""
+    return site_name("parallel", i)
 
 
 class Papaformer(RouteScopeLM):

@@ -38,7 +38,7 @@ from .base import RouteScopeLM
 from .config import BaseConfig
 from .layers import Block, BlockSpec, init_weights, scaled_residual_init
 from .run_state import current
-from .sites import RoutingLayer, Site
+from .sites import PATH_WEIGHTS, PATHS, RoutingLayer, Site, site_name
 
 MIXES = ("softmax", "sigmoid")
 PGPT1_REFERENCE = "pgpt1-reference"  # ablation mode: the authors' pgpt-1 evaluation (module docstring)
@@ -139,10 +139,21 @@ class Paths(RoutingLayer, nn.ModuleList):
 
     option_noun = "path"
     can_force = True  # the learned mix decides; forcing one path is pgpt-1 on that path
+    weights_site = ""  # full name of the mixer's weights site (the mixer is a sibling), set by PGPT
 
     @property
     def n_options(self) -> int:
         return len(self)
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """The mixer's per-call path weights (the paths record no per-token option weights)."""
+        return {PATH_WEIGHTS: self.weights_site}
+
+    @property
+    def option_roles(self) -> dict[str, tuple[str, ...]]:
+        """Each path's output (recorded only for paths that ran)."""
+        return {PATHS: tuple(site_name(self.name, j, "out") for j in range(len(self)))}
 
     def kept(self) -> list[int]:
         """Paths the call in progress runs (dropped and unforced ones are never computed)."""
@@ -168,6 +179,7 @@ class PGPT(RouteScopeLM):
         if c.tie_embeddings:
             self.head.weight = self.embed.wte.weight
         self._finalize()
+        self.paths.weights_site = self.mixer.weights.name
 
     def ablation_modes(self) -> dict[str, str]:
         return {PGPT1_REFERENCE: "pgpt-1 as the authors evaluated it (Table 4): the highest-weight path alone, "

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layers import MLP, SwiGLU, rms_norm
-from .sites import RoutingLayer, Site
+from .sites import ADJACENT_COS, GATE, MERGE_MAP, PATHS, RoleLayer, RoutingLayer, Site
 
 ROPE_BASE = 10000.0
 
@@ -140,14 +140,18 @@ def causal_merge(n: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, t
     return z, keys
 
 
-class TokenMerger(nn.Module):
+class TokenMerger(RoleLayer):
     """ATM decision for one block (Sec. VIII): adjacent cosines of the attention input (the
     normalised block input, as in the authors' code) and the greedy merge map.
 
     Sites: `hidden` [batch, pos, d] the hidden states the cosines are computed from,
     `adjacent_cos` [batch, pos-1] cos(h_t, h_{t+1}), `merge_map` [batch, pos] int64 group index of
     every position (equal indices = merged). Recompute merges for any tau from `hidden`.
+    Roles: ADJACENT_COS and MERGE_MAP (a layer of its own, `blocks.{i}.atm`, but no routing layer:
+    merging chooses no option).
     """
+
+    role_sites = {ADJACENT_COS: "adjacent_cos", MERGE_MAP: "merge_map"}
 
     def __init__(self) -> None:
         super().__init__()
@@ -181,6 +185,8 @@ class DualStreamFFN(RoutingLayer):
 
     n_options = 2
     can_force = True  # the fusion gate decides; forcing a stream is a counterfactual
+    role_sites = {GATE: "gate"}
+    option_role_sites = {PATHS: ("stream_a", "stream_b")}
 
     def __init__(self, dim: int, hidden_a: int, hidden_b: int) -> None:
         super().__init__()

@@ -50,7 +50,7 @@ def merge_rates(model, tok, tau: float, n_docs: int) -> tuple[float, float]:
         for doc in validation_documents(dom, n_docs):
             with tracing(sites) as tr:
                 model(torch.tensor([tok.encode(doc).ids[:model.context]]), atm=True, atm_tau=tau)
-            frames.append(atm_summary(tr))
+            frames.append(atm_summary(tr, model))
     df = pd.concat(frames, ignore_index=True)
     return float(df[C.MU].mean()), float(df[C.FLOP_SAVING].mean())
 

@@ -182,7 +182,7 @@ def measure_wiola(root: Path) -> dict[str, Any]:
                     x = torch.tensor([tok.encode(doc).ids[:c.context]])
                     with tracing(sites) as tr:
                         model(x, atm=True, atm_tau=tau)
-                    frames.append(atm_summary(tr))
+                    frames.append(atm_summary(tr, model))
                     with tracing(maps) as tr:
                         model(x, atm=True, atm_tau=tau, atm_causal=True)
                     causal += [_causal_key_saving(tr[n][0]) for n in maps]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -27,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.sites import CHOICE, INDICES, LOGITS, OPTION_WEIGHTS, PROBS, WEIGHTS, site_name
+from routescope.core_models.sites import (ADJACENT_COS, BLEND, CHOICE, COMBINED, GATE, INDICES, LOGITS, MERGE_MAP,
+                                          OPTION_WEIGHTS, PATH_SCALES, PATH_WEIGHTS, PATHS, PROBS, WEIGHTS)
 from routescope.core_models.trace import Trace
 
 from routescope.analysis.export import columns as C
@@ -50,15 +50,9 @@ def site(trace: Trace, name: str) -> torch.Tensor:
     return trace[name]
 
 
-INDEX = None  # a numbered part of a site name, for `numbered`
-
-
-def numbered(trace: Trace, *parts: object) -> list[tuple[int, ...]]:
-    """The numbers in the INDEX parts of every recorded site named site_name(*parts), sorted:
-    numbered(trace, "parallel", INDEX, "combined") -> [(0,), (1,), ...]."""
-    rx = re.compile(r"\.".join(r"(\d+)" if p is INDEX else re.escape(str(p)) for p in parts))
-    found = {tuple(int(g) for g in m.groups()) for n in trace.names() if (m := rx.fullmatch(n))}
-    return sorted(found)
+def recorded(trace: Trace, sites: dict[str, str]) -> dict[str, str]:
+    """The (layer -> site) entries of `sites` (a `model.sites_of(role)`) whose site the trace recorded."""
+    return {layer: name for layer, name in sites.items() if name in trace}
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -286,19 +280,18 @@ def router_entropy(trace: Trace, model: RouteScopeLM) -> pd.DataFrame | None:
 
 # --- path outputs vs the combined output (PaPaformer, MoEP) ----------------------------------
 
-def cosine_dominance(trace: Trace) -> pd.DataFrame:
-    """Per batch row, position, parallel layer and path (block) output recorded in the trace: its
-    cosine similarity with the layer's combined output, and whether it is the dominant (highest
-    cosine) path of that token. Paths that did not run (dropped; unselected MoEP blocks) have no
-    rows. Where the combined output has another width than the paths (PaPaformer fused_grow: the
-    last Share-Linear layer maps to d_model directly) the cosine is undefined: NaN, no dominant
-    path, and a note in `df.attrs["notes"]`."""
+def cosine_dominance(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
+    """Per batch row, position, layer recording its COMBINED output and path (PATHS: block) output
+    recorded in the trace: its cosine similarity with the layer's combined output, and whether it is
+    the dominant (highest cosine) path of that token. Paths that did not run (dropped; unselected MoEP
+    blocks) have no rows. Where the combined output has another width than the paths (PaPaformer
+    fused_grow: the last Share-Linear layer maps to d_model directly) the cosine is undefined: NaN,
+    no dominant path, and a note in `df.attrs["notes"]`. Takes the model for its layers' roles."""
     frames, notes = [], []
-    for (i,) in numbered(trace, "parallel", INDEX, "combined"):
-        layer = site_name("parallel", i)
-        comb = trace[site_name(layer, "combined")].float()  # (B, T, w)
-        paths = [(j, trace[site_name(layer, kind, j, "out")].float())
-                 for kind in ("paths", "blocks") for (j,) in numbered(trace, "parallel", i, kind, INDEX, "out")]
+    path_sites = model.option_sites_of(PATHS)
+    for layer, combined in recorded(trace, model.sites_of(COMBINED)).items():
+        comb = trace[combined].float()  # (B, T, w)
+        paths = [(j, trace[name].float()) for j, name in enumerate(path_sites.get(layer, ())) if name in trace]
         if not paths:
             continue
         B, T, _ = comb.shape
@@ -322,24 +315,33 @@ def cosine_dominance(trace: Trace) -> pd.DataFrame:
 
 # --- ParallelGPT --------------------------------------------------------------------------------
 
-def pgpt_paths(trace: Trace) -> pd.DataFrame:
-    """Per batch row, position and path: the learned mixing weight w_j of the call (already
-    renormalised, 0 where dropped), the norm ||w_j * path_j|| of its contribution to the mixed
-    output and its norm share ||w_j path_j|| / sum_k ||w_k path_k||. Dropped paths (not run) get
-    norm and share 0."""
-    w = site(trace, "mixer.weights").float()  # (P,)
-    outs = {j: trace[site_name("paths", j, "out")].float() for (j,) in numbered(trace, "paths", INDEX, "out")}
-    if not outs:
-        raise ValueError("the trace has no paths.{j}.out sites; trace a ParallelGPT call with tracing()")
-    B, T, _ = next(iter(outs.values())).shape
-    P = w.shape[0]
-    norms = torch.stack([(w[j] * outs[j]).norm(dim=-1) if j in outs else torch.zeros(B, T) for j in range(P)])
-    share = norms / norms.sum(0).clamp_min(1e-30)  # (P, B, T)
-    dom = F.one_hot(norms.argmax(0), P).permute(2, 0, 1).bool()
-    b, t, o = grid_indices(B, T, P)
-    flat = lambda x: _np(x.permute(1, 2, 0)).ravel()  # noqa: E731  (P, B, T) -> rows in (b, t, o) order
-    return pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: "paths", C.OPTION: o, C.WEIGHT: _np(w)[o],
-                         C.NORM: flat(norms), C.SHARE: flat(share), C.DOMINANT: flat(dom)})
+def pgpt_paths(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
+    """Per batch row, position, layer with per-call PATH_WEIGHTS (ParallelGPT's paths) and path:
+    the learned mixing weight w_j of the call (already renormalised, 0 where dropped), the norm
+    ||w_j * path_j|| of its contribution to the mixed output and its norm share
+    ||w_j path_j|| / sum_k ||w_k path_k||. Dropped paths (not run) get norm and share 0. Takes the
+    model for its layers' roles."""
+    layers = model.sites_of(PATH_WEIGHTS)
+    if not layers:
+        raise ValueError(f"pgpt_paths needs a model whose paths are mixed by per-call weights; "
+                         f"{model.config.label} has none")
+    path_sites = model.option_sites_of(PATHS)
+    frames = []
+    for layer, weights in layers.items():
+        w = site(trace, weights).float()  # (P,)
+        outs = {j: trace[name].float() for j, name in enumerate(path_sites.get(layer, ())) if name in trace}
+        if not outs:
+            raise ValueError(f"the trace has no path outputs of {layer}; trace the call with tracing()")
+        B, T, _ = next(iter(outs.values())).shape
+        P = w.shape[0]
+        norms = torch.stack([(w[j] * outs[j]).norm(dim=-1) if j in outs else torch.zeros(B, T) for j in range(P)])
+        share = norms / norms.sum(0).clamp_min(1e-30)  # (P, B, T)
+        dom = F.one_hot(norms.argmax(0), P).permute(2, 0, 1).bool()
+        b, t, o = grid_indices(B, T, P)
+        flat = lambda x: _np(x.permute(1, 2, 0)).ravel()  # noqa: E731  (P, B, T) -> rows in (b, t, o) order
+        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o, C.WEIGHT: _np(w)[o],
+                                    C.NORM: flat(norms), C.SHARE: flat(share), C.DOMINANT: flat(dom)}))
+    return pd.concat(frames, ignore_index=True)
 
 
 # --- Wiola: ATM, DSFF, GCLA ---------------------------------------------------------------------
@@ -366,24 +368,26 @@ def _groups_from_pairs(pairs: list[tuple[int, int]], T: int) -> list[int]:
     return groups
 
 
-def atm_merges(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
-    """Per batch row, active ATM layer ("blocks.{i}.atm") and position: the adjacent cosine
-    cos(x_t, x_{t+1}) (NaN at the last position), the merge group, the partner position (NA when
-    unmerged), and per (row, layer) the merge ratio mu = tokens removed by merging / T and the
-    attention-FLOP saving mu (2 - mu) = 1 - (1 - mu)^2.
+def atm_merges(trace: Trace, model: RouteScopeLM, *, tau: float | None = None) -> pd.DataFrame:
+    """Per batch row, active token-merging layer (one recording ADJACENT_COS: Wiola's ATM,
+    "blocks.{i}.atm") and position: the adjacent cosine cos(x_t, x_{t+1}) (NaN at the last
+    position), the merge group, the partner position (NA when unmerged), and per (row, layer) the
+    merge ratio mu = tokens removed by merging / T and the attention-FLOP saving
+    mu (2 - mu) = 1 - (1 - mu)^2.
 
-    tau None: the merge map the model recorded (its own threshold). A number: merges recomputed
-    greedily from the recorded cosines at that threshold, as the model would have merged (no
-    retraining needed). Needs a call traced with atm=True (or a model with atm_inference)."""
+    tau None: the merge map the model recorded (MERGE_MAP, its own threshold). A number: merges
+    recomputed greedily from the recorded cosines at that threshold, as the model would have merged
+    (no retraining needed). Needs a call traced with atm=True (or a model with atm_inference).
+    Takes the model for its layers' roles."""
     frames = []
-    for (i,) in numbered(trace, "blocks", INDEX, "atm", "adjacent_cos"):
-        layer = site_name("blocks", i, "atm")
-        cos = _np(trace[site_name(layer, "adjacent_cos")])  # (B, T-1)
-        recorded = _np(site(trace, site_name(layer, "merge_map"))) if tau is None else None
+    maps = model.sites_of(MERGE_MAP)
+    for layer, adjacent in recorded(trace, model.sites_of(ADJACENT_COS)).items():
+        cos = _np(trace[adjacent])  # (B, T-1)
+        recorded_map = _np(site(trace, maps[layer])) if tau is None else None
         B, T = cos.shape[0], cos.shape[1] + 1
         for b in range(B):
             if tau is None:
-                g = recorded[b].tolist()
+                g = recorded_map[b].tolist()
                 pairs = [(t, t + 1) for t in range(T - 1) if g[t] == g[t + 1]]
             else:
                 pairs = merge_pairs(cos[b].tolist(), tau)
@@ -400,9 +404,9 @@ def atm_merges(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
                             C.TAU, C.MU, C.FLOP_SAVING])
 
 
-def atm_summary(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
+def atm_summary(trace: Trace, model: RouteScopeLM, *, tau: float | None = None) -> pd.DataFrame:
     """Per batch row and ATM layer: tokens, merged pairs, mu and the attention-FLOP saving."""
-    df = atm_merges(trace, tau=tau)
+    df = atm_merges(trace, model, tau=tau)
     keys = [C.BATCH, C.LAYER]
     first = df.drop_duplicates(keys).reset_index(drop=True)  # mu, tau, saving are per (row, layer)
     sizes = df.groupby(keys, sort=False)[C.MERGED].agg(["size", "sum"]).reset_index(drop=True)
@@ -411,24 +415,24 @@ def atm_summary(trace: Trace, *, tau: float | None = None) -> pd.DataFrame:
                          C.FLOP_SAVING: first[C.FLOP_SAVING]})
 
 
-def dsff_gates(trace: Trace) -> pd.DataFrame:
-    """Per batch row, position and DSFF layer ("blocks.{i}.dsff"): alpha (the per-dimension weight
-    of stream A) averaged over the model dimension. DSFF runs per token, also in ATM blocks (token
-    merging applies to attention only)."""
+def dsff_gates(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
+    """Per batch row, position and layer with a per-dimension GATE (Wiola's DSFF, "blocks.{i}.dsff"):
+    the gate (alpha, the per-dimension weight of option 0, stream A) averaged over the model
+    dimension. DSFF runs per token, also in ATM blocks (token merging applies to attention only).
+    Takes the model for its layers' roles."""
     frames = []
-    for (i,) in numbered(trace, "blocks", INDEX, "dsff", "gate"):
-        g = trace[site_name("blocks", i, "dsff", "gate")].float().mean(-1)  # (B, T)
+    for layer, gate in recorded(trace, model.sites_of(GATE)).items():
+        g = trace[gate].float().mean(-1)  # (B, T)
         B, T = g.shape
         b, t = grid_indices(B, T)
-        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: site_name("blocks", i, "dsff"),
-                                    C.GATE_MEAN: _np(g).ravel()}))
+        frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.GATE_MEAN: _np(g).ravel()}))
     return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.GATE_MEAN])
 
 
-def gcla_betas(trace: Trace) -> pd.DataFrame:
-    """Per Wiola block with cross-layer attention ("blocks.{i}.attn"; block 0 has none): beta."""
-    rows = [(site_name("blocks", i, "attn"), float(trace[site_name("blocks", i, "attn", "gcla_beta")]))
-            for (i,) in numbered(trace, "blocks", INDEX, "attn", "gcla_beta")]
+def gcla_betas(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
+    """Per layer with a per-call BLEND of two paths (Wiola's GCLA, "blocks.{i}.attn"; block 0 has no
+    cross-layer attention): beta. Takes the model for its layers' roles."""
+    rows = [(layer, float(trace[beta])) for layer, beta in recorded(trace, model.sites_of(BLEND)).items()]
     return pd.DataFrame(rows, columns=[C.LAYER, C.BETA])
 
 
@@ -438,20 +442,21 @@ PAGMLP_LABELS = ("swiglu", "geglu")
 
 
 def pagmlp_pathways(trace: Trace, model: Any) -> pd.DataFrame:
-    """Per batch row, position, PAGMLP layer ("blocks.{i}.ffn") and pathway (0 SwiGLU, 1 GEGLU):
-    the pathway scale (alpha / beta), the norm of its scaled activation, the norm of its output
-    contribution down.weight[:, half] @ act (from the model's weights; the shared down bias, if
-    any, belongs to neither) and its share of the two output norms. Takes the model for the
-    down projections."""
+    """Per batch row, position, layer with per-call PATH_SCALES (PAGMLP, "blocks.{i}.ffn") and pathway
+    (0 SwiGLU, 1 GEGLU): the pathway scale (alpha / beta), the norm of its scaled activation (PATHS),
+    the norm of its output contribution W_j @ act, W_j the layer's projection of pathway j
+    (`path_projections()`, from the model's weights; the shared down bias, if any, belongs to neither)
+    and its share of the two output norms. Takes the model for its layers' roles and projections."""
     frames = []
-    for (i,) in numbered(trace, "blocks", INDEX, "ffn", "alpha"):
-        layer = site_name("blocks", i, "ffn")
-        down = model.get_submodule(layer).down.weight.detach().float().cpu()  # (d, h); the trace is on the CPU
-        half = down.shape[1] // 2
-        scales = [float(trace[site_name(layer, "alpha")]), float(trace[site_name(layer, "beta")])]
-        acts = [site(trace, site_name(layer, "swiglu_out")).float(), site(trace, site_name(layer, "geglu_out")).float()]
+    path_sites = model.option_sites_of(PATHS)
+    for layer, scale_sites in model.option_sites_of(PATH_SCALES).items():
+        if scale_sites[0] not in trace:
+            continue
+        down = [w.detach().float().cpu() for w in model.get_submodule(layer).path_projections()]  # (d, h/2) each
+        scales = [float(trace[name]) for name in scale_sites]
+        acts = [site(trace, name).float() for name in path_sites[layer]]
         act_norm = torch.stack([a.norm(dim=-1) for a in acts])  # (2, B, T)
-        out_norm = torch.stack([(acts[0] @ down[:, :half].T).norm(dim=-1), (acts[1] @ down[:, half:].T).norm(dim=-1)])
+        out_norm = torch.stack([(a @ w.T).norm(dim=-1) for a, w in zip(acts, down)])
         share = out_norm / out_norm.sum(0).clamp_min(1e-30)
         _, B, T = act_norm.shape
         b, t, o = grid_indices(B, T, 2)

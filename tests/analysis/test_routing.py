@@ -127,7 +127,7 @@ def test_topk_routes_utilisation_and_coselection(key):
 def test_cosine_dominance_by_a_loop(key):
     model = tiny_model(key)
     tr = run(model, ids(2, 5))
-    df = R.cosine_dominance(tr)
+    df = R.cosine_dominance(tr, model)
     c = model.config
     assert len(df) == 2 * 5 * c.n_parallel_layers * c.n_paths
     for i in range(c.n_parallel_layers):
@@ -145,7 +145,7 @@ def test_cosine_dominance_by_a_loop(key):
 
 def test_cosine_undefined_for_fused_grow_layer():
     model = tiny_model("share_linear", fused_grow=True)
-    df = R.cosine_dominance(run(model, ids(1, 4)))
+    df = R.cosine_dominance(run(model, ids(1, 4)), model)
     last = df[df[C.LAYER] == "parallel.1"]
     assert last[C.COSINE].isna().all() and not last[C.DOMINANT].any()
     assert df[df[C.LAYER] == "parallel.0"][C.COSINE].notna().all()
@@ -154,7 +154,7 @@ def test_cosine_undefined_for_fused_grow_layer():
 
 def test_cosine_skips_dropped_paths():
     model = tiny_model("share_linear")
-    df = R.cosine_dominance(run(model, ids(1, 4), ablation=Ablation(drop=(("parallel.0", 1),))))
+    df = R.cosine_dominance(run(model, ids(1, 4), ablation=Ablation(drop=(("parallel.0", 1),))), model)
     assert sorted(set(df[df[C.LAYER] == "parallel.0"][C.OPTION])) == [0, 2]
 
 
@@ -165,7 +165,7 @@ def test_pgpt_norm_shares(key, drop):
     model = tiny_model(key)
     ab = Ablation(drop=(("paths", drop),)) if drop is not None else None
     tr = run(model, ids(2, 4), ablation=ab)
-    df = R.pgpt_paths(tr)
+    df = R.pgpt_paths(tr, model)
     P = model.config.n_paths
     if model.config.mix == "sigmoid":
         s = torch.sigmoid(model.mixer.w.detach())
@@ -216,7 +216,7 @@ def wiola_atm():
 def test_atm_merge_map_by_a_loop_at_the_models_tau_and_another(wiola_atm):
     model, tr = wiola_atm
     active = [f"blocks.{i}.atm" for i in model.config.atm_layers]
-    df = R.atm_merges(tr)
+    df = R.atm_merges(tr, model)
     assert sorted(set(df[C.LAYER])) == active
     total_pairs = 0
     for layer in active:
@@ -237,8 +237,8 @@ def test_atm_merge_map_by_a_loop_at_the_models_tau_and_another(wiola_atm):
             assert rows[C.FLOP_SAVING].iloc[0] == pytest.approx(mu * (2 - mu))
     assert total_pairs > 0  # the input was built to merge
     for tau in (0.6, 0.95, -1.0):
-        df = R.atm_merges(tr, tau=tau)
-        s = R.atm_summary(tr, tau=tau)
+        df = R.atm_merges(tr, model, tau=tau)
+        s = R.atm_summary(tr, model, tau=tau)
         for layer in active:
             for b in range(2):
                 rows = df[(df[C.LAYER] == layer) & (df[C.BATCH] == b)]
@@ -248,7 +248,7 @@ def test_atm_merge_map_by_a_loop_at_the_models_tau_and_another(wiola_atm):
                 srow = s[(s[C.LAYER] == layer) & (s[C.BATCH] == b)]
                 assert int(srow[C.N_PAIRS].iloc[0]) == len(want)
                 assert srow[C.MU].iloc[0] == pytest.approx(len(want) / 12)
-    assert R.atm_summary(tr, tau=-1.0)[C.N_PAIRS].eq(6).all()  # everything merges: T / 2 pairs
+    assert R.atm_summary(tr, model, tau=-1.0)[C.N_PAIRS].eq(6).all()  # everything merges: T / 2 pairs
 
 
 def test_merge_pairs_never_overlap():
@@ -259,7 +259,7 @@ def test_merge_pairs_never_overlap():
 
 def test_dsff_gates_and_gcla_betas(wiola_atm):
     model, tr = wiola_atm
-    df = R.dsff_gates(tr)
+    df = R.dsff_gates(tr, model)
     assert len(df) == 2 * 12 * model.config.n_layers
     for i in range(model.config.n_layers):
         gate = tr[f"blocks.{i}.dsff.gate"]
@@ -270,7 +270,7 @@ def test_dsff_gates_and_gcla_betas(wiola_atm):
                 g = gate[b, t]
                 got = rows[(rows[C.BATCH] == b) & (rows[C.POSITION] == t)][C.GATE_MEAN].item()
                 assert got == pytest.approx(float(g.mean()), rel=1e-5)
-    betas = R.gcla_betas(tr)
+    betas = R.gcla_betas(tr, model)
     assert betas[C.LAYER].tolist() == [f"blocks.{i}.attn" for i in range(1, model.config.n_layers)]
     want = [float(torch.sigmoid(model.blocks[i].attn.phi.detach())) for i in range(1, model.config.n_layers)]
     np.testing.assert_allclose(betas[C.BETA], want, rtol=1e-6)
@@ -369,7 +369,7 @@ def test_routing_table_wiola_with_atm_has_merge_rows(wiola_atm):
     model, tr = wiola_atm
     rows = [RowMeta(str(b), list(range(12))) for b in range(2)]
     df = routing_table(tr, model, meta=ExportMeta(model="m", rows=rows))
-    merges = R.atm_merges(tr)
+    merges = R.atm_merges(tr, model)
     m = df[df[C.KIND] == "merge"]
     assert len(m) == len(merges)
     assert m[C.SELECTED].sum() == merges[C.MERGED].sum()
