@@ -2,8 +2,9 @@
 the per-call ContextVars, and ablation by watching the ops inside a router (`_InsideRouter`)."""
 from __future__ import annotations
 
-import functools
+import copy
 import types
+import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,19 +90,56 @@ _CAPTURE: ContextVar[Prefix | None] = ContextVar("routescope_hf_capture", defaul
 _REUSE_ATTENTION: ContextVar[tuple | None] = ContextVar("routescope_hf_reuse_attention", default=None)
 
 
-def _wrap(module: nn.Module, wrapper: Any, key: Any) -> None:
-    """module.forward := wrapper(key, inner, *args, **kwargs), inner being the forward it had (the
-    class's, or one that accelerate's dispatch installed). A partial of bound methods: a deep copy of
-    the model calls its own modules. Wrapping a module a second time (a second HFModel over the same
-    transformers model) replaces the first wrapper, never nests it."""
-    inner = module.__dict__.get("forward")
-    if isinstance(inner, functools.partial) and getattr(inner, "routescope", False):
-        inner = inner.args[1]
-    if inner is None:
-        inner = types.MethodType(type(module).forward, module)
-    wrapped = functools.partial(wrapper, key, inner)
-    wrapped.routescope = True
-    module.forward = wrapped
+class Wrapped:
+    """A transformers module's `forward` while an HFModel instruments it: calls
+    method(owner, key, inner, *args, **kwargs), `inner` being the forward the module had (its class's,
+    or one accelerate's dispatch installed). The owner (the HFModel) is held by a weak reference, so
+    the transformers modules never keep it alive: deleting the HFModel frees it at once, without the
+    garbage collector, and a module whose owner is gone calls its own forward. A deep copy of the
+    HFModel gets wrappers that call the copy (and the copy's modules); a deep copy of the transformers
+    model alone gets its plain forwards."""
+
+    __slots__ = ("owner", "method", "key", "inner", "restore")
+
+    def __init__(self, owner: Any, method: Any, key: Any, inner: Any, restore: Any) -> None:
+        self.owner = weakref.ref(owner)
+        self.method, self.key, self.inner = method, key, inner
+        self.restore = restore  # the instance forward the module had before (None: its class's)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        owner = self.owner()
+        if owner is None:
+            return self.inner(*args, **kwargs)
+        return self.method(owner, self.key, self.inner, *args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        owner = self.owner()
+        inner = copy.deepcopy(self.inner, memo)
+        twin = memo.get(id(owner)) if owner is not None else None
+        if twin is None:  # the transformers model copied on its own: it gets its own forward
+            return inner
+        return Wrapped(twin, self.method, self.key, inner, copy.deepcopy(self.restore, memo))
+
+
+def _wrap(module: nn.Module, owner: Any, method: Any, key: Any) -> None:
+    """module.forward := Wrapped(owner, method, key, inner). Wrapping a module a second time (a second
+    HFModel over the same transformers model) replaces the first wrapper, never nests it."""
+    restore = module.__dict__.get("forward")
+    if isinstance(restore, Wrapped):
+        restore = restore.restore
+    inner = restore if restore is not None else types.MethodType(type(module).forward, module)
+    module.forward = Wrapped(owner, method, key, inner, restore)
+
+
+def _unwrap(hf: nn.Module, owner: Any) -> None:
+    """Every module of `hf` that `owner` wrapped gets back the forward it had."""
+    for module in hf.modules():
+        f = module.__dict__.get("forward")
+        if isinstance(f, Wrapped) and f.owner() is owner:
+            if f.restore is None:
+                del module.forward
+            else:
+                module.forward = f.restore
 
 
 def _site(name: str, shape: str) -> Site:

@@ -13,7 +13,8 @@ from ..sites import INDICES, LOGITS, PROBS, WEIGHTS, Site, site_name
 from ..specs import AblationError
 from ..trace import Trace, active_trace
 from .config import HFConfig
-from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _InsideRouter, _choice_biases, _site, _wrap)
+from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _InsideRouter, _choice_biases, _site, _unwrap,
+                         _wrap)
 from .layout import HFRoutingLayer, _decoder_stack, moe_layout
 from .prune import PruneMixin
 from .quirks import LOGIT_MASK
@@ -48,27 +49,35 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
                 sites[site] = _site(site, shapes[role])
             layers[name] = HFRoutingLayer(block, roles)
             self._biases[name] = _choice_biases(router, n)
-            _wrap(router, self._router_forward, name)
-            _wrap(self.hf.get_submodule(block.experts), self._experts_forward, name)
+            _wrap(router, self, HFModel._router_forward, name)
+            _wrap(self.hf.get_submodule(block.experts), self, HFModel._experts_forward, name)
             if block.shared:
-                _wrap(self.hf.get_submodule(block.shared), self._shared_forward, name)
+                _wrap(self.hf.get_submodule(block.shared), self, HFModel._shared_forward, name)
             if block.shared_gate:
                 gate = block.shared_gate
                 sites[gate] = _site(gate, "[batch, pos, 1] shared-expert gate logit (the block applies its sigmoid)")
-                _wrap(self.hf.get_submodule(gate), self._gate_forward, gate)
+                _wrap(self.hf.get_submodule(gate), self, HFModel._gate_forward, gate)
         self.routing_modules = layers
         self.sites = sites
         self.attn_layers = []
         self._offload: Any = None  # load_hf's offload folder under device_map="auto"
+        self._detached = False
         self._stack, self._decoder_of, self._tail = _decoder_stack(self.hf, list(layers))
         if self._stack is not None:
             stack = self.hf.get_submodule(self._stack)
             for i, layer in enumerate(stack):
-                _wrap(layer, self._decoder_forward, i)
+                _wrap(layer, self, HFModel._decoder_forward, i)
             for i in set(self._decoder_of.values()):
                 attention = getattr(stack[i], "self_attn", None)
                 if isinstance(attention, nn.Module):
-                    _wrap(attention, self._attention_forward, i)
+                    _wrap(attention, self, HFModel._attention_forward, i)
+
+    def detach(self) -> nn.Module:
+        """Give the transformers model its own forwards back (every wrapper this HFModel installed is
+        removed; a forward accelerate installed stays) and return it. This HFModel runs nothing after."""
+        _unwrap(self.hf, self)
+        self._detached = True
+        return self.hf
 
     # --- wrapped forwards (installed once at load; per-call state only in ContextVars) --------------
     # Each is `inner` (the module's own forward) plus what the call in progress asks for. Idle, that is
@@ -204,6 +213,8 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
                                     "dropped; at least one must remain")
 
     def _forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if self._detached:
+            raise ValueError(f"{self.config.model_type}: this HFModel was detached from its transformers model")
         st = current()
         past = st.cache.extra.get("hf") if st.cache is not None else None
         attention = None if st.pad_mask is None else (~st.pad_mask).long()
