@@ -79,7 +79,8 @@ def sweep_wide(args, rep: C.Report) -> None:
     from transformers import AutoModelForCausalLM, OlmoeConfig
 
     from routescope.analysis.corpus.data import shipped
-    from routescope.analysis.reports.importance import ImportanceSettings, importance, tokens_of, _batches
+    from routescope.analysis.reports.importance import ImportanceSettings, importance, tokens_of
+    from routescope.analysis.reports.importance.plan import batches as make_batches
     from routescope.core_models.checkpoint import load_checkpoint
     from routescope.core_models.hf import HFConfig, HFModel
 
@@ -101,7 +102,7 @@ def sweep_wide(args, rep: C.Report) -> None:
     res, wall, cpu = _timed(lambda: importance(model, tok, data, settings))
     n = len(res["importance"])
     toks = tokens_of(data, tok, model.context, tokens)
-    batches = _batches(toks, settings.batch_size, 0)
+    batches = make_batches(toks, settings.batch_size, 0)
 
     def plain():
         with torch.inference_mode():
@@ -122,7 +123,7 @@ def sweep_wide(args, rep: C.Report) -> None:
 
 
 def bf16_rounding(args, rep: C.Report, ctx: dict) -> None:
-    from routescope.analysis.reports.importance import _batches, tokens_of
+    from routescope.analysis.reports.importance.plan import batches, tokens_of
     from routescope.core_models.checkpoint import load_checkpoint
 
     f32, tok = ctx["model"], ctx["tok"]
@@ -130,7 +131,7 @@ def bf16_rounding(args, rep: C.Report, ctx: dict) -> None:
     toks = tokens_of(ctx["data"], tok, f32.context, ctx["tokens"])
     diffs = []
     with torch.inference_mode():
-        for _, x, lengths in _batches(toks, 8, 0):
+        for _, x, lengths in batches(toks, 8, 0):
             valid = torch.arange(x.shape[1] - 1)[None, :] < (lengths[:, None] - 1)
             tgt = x[:, 1:, None]
             lp = [torch.log_softmax(m(x).logits[:, :-1].float(), -1).gather(-1, tgt)[..., 0][valid] for m in (f32, b16)]
