@@ -48,7 +48,8 @@ from typing import Any
 import pandas as pd
 
 from routescope.analysis.export import batch as B
-from routescope.analysis.runs.prompts import MAX_PROMPT_FILE_BYTES, TEXT_SUFFIXES, check_unique_ids, decode_text, parse_prompts
+from routescope.analysis.inputs.files import MAX_PROMPT_FILE_BYTES
+from routescope.analysis.inputs.prompts import TEXT_SUFFIXES, check_unique_ids, parse_prompt_bytes
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ def read_prompt_dataset(source: PromptSource):
 
         def parse(row: dict) -> list[dict]:
             try:
-                pairs = parse_prompts(decode_text(row["bytes"], url), url, suffix)
+                pairs = parse_prompt_bytes(row["bytes"], url, suffix)
             except ValueError as e:
                 return [{"index": -1, "prompt_id": "", "prompt": "", "error": str(e)}]
             return [{"index": k, "prompt_id": pid, "prompt": p, "error": ""} for k, (pid, p) in enumerate(pairs)]
@@ -336,7 +337,7 @@ class PartitionExporter:
         import torch
 
         from routescope.core_models.checkpoint import load_checkpoint
-        from routescope.analysis.runs.prompts import TokenText
+        from routescope.analysis.export.run_table import TokenText
 
         torch.set_num_threads(threads)
         files = ray.get(files[0])  # the checkpoint's files, put in the object store by the driver
@@ -596,7 +597,7 @@ def read_dataset(out: str) -> pd.DataFrame:
     """The whole exported dataset in prompt order (partitions sorted by name), in the export schema."""
     import pyarrow.parquet as pq
 
-    from routescope.analysis.export.table import conform, empty_table
+    from routescope.analysis.export.run_table import conform, empty_table
 
     fs, root, _ = _filesystem(out)
     names = sorted(Path(p).name for p in fs.ls(root, detail=False)

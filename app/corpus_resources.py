@@ -12,10 +12,11 @@ import pandas as pd
 import streamlit as st
 
 from routescope.analysis.corpus import stats as S
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.corpus.run import CorpusJob, CorpusJobs, CorpusResult, CorpusSettings, run_corpus
 from routescope.analysis.environment import device_setting
-from routescope.analysis.runs.prompts import TokenText
+from routescope.analysis.export.run_table import TokenText
 from routescope.core_models.ablation import NO_ABLATION, Ablation
 
 from routescope.app import resources
@@ -28,7 +29,7 @@ def jobs() -> CorpusJobs:
 
 @st.cache_resource(max_entries=8, show_spinner="Reading the dataset…")
 def shipped(name: str) -> D.CorpusData:
-    return D.shipped(name)
+    return SH.shipped(name)
 
 
 @st.cache_resource(max_entries=8, show_spinner="Checking the dataset…")

@@ -12,7 +12,7 @@ from routescope.app import corpus_resources as CR  # noqa: E402
 from routescope.app import state as K  # noqa: E402
 from routescope.app import pages as family_pages  # noqa: E402
 from routescope.app.views import ablation, attribution, corpus, diff, experts, export, generation, routing, sidebar  # noqa: E402,E501
-from routescope.analysis.runs.prompts import prompt_problem  # noqa: E402
+from routescope.analysis.inputs.prompts import prompt_problem  # noqa: E402
 from routescope.app.messages import show_error  # noqa: E402
 from routescope.rendering.route_grid import CSS as STYLES  # noqa: E402
 from routescope.core_models.ablation import Ablation  # noqa: E402

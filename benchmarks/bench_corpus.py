@@ -94,7 +94,7 @@ def child(payload: dict) -> dict:
         return {"seconds": seconds}
     import torch
 
-    from routescope.analysis.corpus import data as D
+    from routescope.analysis.inputs import datasets as D
     from routescope.analysis.corpus.run import CorpusJobs, run_corpus
     from routescope.core_models.checkpoint import load_checkpoint
 

@@ -268,7 +268,7 @@ def _corpus(model: Any, batches: list[torch.Tensor], overlap: bool = True, host_
 
 def _importance(model: Any, tok: Any, path: Path, emit: Callable[..., None]) -> None:
     from routescope.analysis.reports import importance as I
-    from routescope.analysis.corpus.data import load_corpus
+    from routescope.analysis.inputs.datasets import load_corpus
 
     import random
     words = tok.decode(list(range(1000, 3000))).split()

@@ -35,7 +35,7 @@ def _timed(f):
 
 
 def sweep_olmoe(args, rep: C.Report) -> dict:
-    from routescope.analysis.corpus.data import shipped
+    from routescope.analysis.corpus.shipped import shipped
     from routescope.analysis.reports.importance import ImportanceSettings, importance
     from routescope.core_models.checkpoint import load_checkpoint
 
@@ -78,7 +78,7 @@ def sweep_olmoe(args, rep: C.Report) -> dict:
 def sweep_wide(args, rep: C.Report) -> None:
     from transformers import AutoModelForCausalLM, OlmoeConfig
 
-    from routescope.analysis.corpus.data import shipped
+    from routescope.analysis.corpus.shipped import shipped
     from routescope.analysis.reports.importance import ImportanceSettings, importance, tokens_of
     from routescope.analysis.reports.importance.plan import batches as make_batches
     from routescope.core_models.checkpoint import load_checkpoint

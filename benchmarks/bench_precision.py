@@ -30,7 +30,7 @@ KEY = ["prompt_id", "position", "layer", "site", "kind", "option"]
 
 def export_rows(model, tok, prompts: list[tuple[str, str]], name: str) -> pd.DataFrame:
     from routescope.analysis.export import batch as B
-    from routescope.analysis.runs.prompts import TokenText
+    from routescope.analysis.export.run_table import TokenText
 
     job = B.ExportJob()
     if not model.routing_layers():  # llama-dense: logits only

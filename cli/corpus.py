@@ -14,7 +14,7 @@ as it was, a finished one leaves no stale table. DIR, the dataset, the intended 
 the dataset's own expected_path / expected_option) and the two checkpoints' routing layers are all
 checked before any model runs: a problem stops the command with one line naming it (exit 2), and
 nothing is written. The file is streamed in bounded memory: the command has no size limit (the
-app's limits are `analysis.corpus.data.APP_LIMITS`).
+app's limits are `analysis.inputs.datasets.APP_LIMITS`).
 
 --drop / --force / --mode run every forward under an ablation, as `routescope export` does (the same
 spec grammar); it is resolved against the first checkpoint ("top8": the 8 options each layer of the
@@ -85,10 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
     from routescope.analysis.corpus import stats as S
     from routescope.analysis.corpus.columns import named_compared
-    from routescope.analysis.corpus import data as D
+    from routescope.analysis.inputs import datasets as D
+    from routescope.analysis.corpus import shipped as SH
     from routescope.analysis.corpus import page as P
     from routescope.analysis.corpus import run as R
-    from routescope.analysis.runs.prompts import TokenText
+    from routescope.analysis.export.run_table import TokenText
     from routescope.analysis.runs.usage import ablation_for, corpus_usage
     from routescope.core_models.ablation import NO_ABLATION
 
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     intended = S.parse_intended(args.intended)
     out = P.check_out_dir(args.out)
     labels = [c.strip() for c in args.labels.split(",") if c.strip()] if args.labels is not None else None
-    data = D.shipped(args.shipped) if args.shipped else \
+    data = SH.shipped(args.shipped) if args.shipped else \
         D.load_corpus(args.data, text_column=args.text_column, label_columns=labels)
     settings = R.CorpusSettings(max_tokens=args.max_tokens, batch_size=args.batch_size)
     names = [Path(args.checkpoint).resolve().name]

@@ -2,7 +2,7 @@
 
 Prompts from --prompt (repeatable) or --prompts FILE (.txt: one prompt per non-blank line,
 prompt_id = its 1-based line number; .tsv: columns prompt_id and prompt, others ignored;
-analysis.runs.prompts). --shard i/n keeps the prompts whose 0-based index in that list satisfies
+analysis.inputs.prompts). --shard i/n keeps the prompts whose 0-based index in that list satisfies
 index % n == i, so the shards 0/n .. n-1/n partition the prompts exactly. The rows are made by
 analysis.export.batch (batches of --batch-size; --max-new-tokens N > 0 continues each prompt) and
 streamed to the output file(s) (`analysis.export.tables.ExportWriter`), which appear only when the export
@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from routescope.analysis.runs.prompts import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES, TokenText
+from routescope.analysis.export.run_table import TokenText
+from routescope.analysis.inputs.files import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES
 
 from . import options as O
 from .common import load_with_tokenizer
@@ -67,8 +68,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def read_prompts(path: str | Path) -> list[tuple[str, str]]:
     """(prompt_id, prompt) pairs from a .txt (one per non-blank line, id = line number) or a .tsv
-    (columns prompt_id and prompt), read line by line within the limits of analysis.runs.prompts."""
-    from routescope.analysis.runs.prompts import read_prompt_file
+    (columns prompt_id and prompt), read line by line within the limits of analysis.inputs.prompts."""
+    from routescope.analysis.inputs.prompts import read_prompt_file
 
     return read_prompt_file(path)
 

@@ -76,7 +76,7 @@ def _list(spec: str | None, what: str, as_int: bool = False):
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from routescope.analysis.corpus import data as D
+    from routescope.analysis.inputs import datasets as D
     from routescope.analysis.corpus import page as P
     from routescope.analysis.reports import importance as I
     from routescope.analysis.reports import prune as PR

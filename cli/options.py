@@ -78,9 +78,9 @@ port = int_in(1, 65535, "a port")
 
 
 def prompt_text(text: str) -> str:
-    """argparse type: a prompt, by the one rule the app follows too (`analysis.runs.prompts.prompt_problem`:
+    """argparse type: a prompt, by the one rule the app follows too (`analysis.inputs.prompts.prompt_problem`:
     not blank, and UTF-8 text; an argument with bytes that are not UTF-8 arrives with surrogates)."""
-    from routescope.analysis.runs.prompts import prompt_problem
+    from routescope.analysis.inputs.prompts import prompt_problem
 
     problem = prompt_problem(text)
     if problem:
@@ -90,7 +90,7 @@ def prompt_text(text: str) -> str:
 
 def utf8_text(text: str) -> str:
     """argparse type: any UTF-8 text (blank allowed, e.g. a token); bytes that are not UTF-8 refused."""
-    from routescope.analysis.runs.prompts import text_problem
+    from routescope.analysis.inputs.prompts import text_problem
 
     problem = text_problem(text, "the token")
     if problem:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from routescope.analysis.runs.family_table import probe_table, probe_tables
-from routescope.analysis.runs.prompts import open_regular_file
+from routescope.analysis.inputs.files import open_regular_file
 
 from . import options as O
 from . import papaformer_routes

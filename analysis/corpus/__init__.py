@@ -1,2 +1,3 @@
-"""A dataset routed through a model: the checked input (data), the streaming run (run), the
-per-option statistics (stats, values), column names and help (columns), and the offline page (page)."""
+"""A dataset routed through a model: the shipped datasets (shipped; a user's file is read by
+`analysis.inputs.datasets`), the streaming run (run), the per-option statistics (stats, values),
+column names and help (columns), and the offline page (page)."""

@@ -34,7 +34,7 @@ from routescope.core_models.trace import host_copy, tracing
 
 from routescope.analysis.corpus import stats as S
 from routescope.analysis.corpus import values as V
-from routescope.analysis.corpus.data import CorpusData, CorpusRow
+from routescope.analysis.inputs.datasets import CorpusData, CorpusRow
 from routescope.analysis.runs.families import RunViews, views_of
 from routescope.analysis.runs.family_table import family_analysis, route_reader
 

@@ -97,7 +97,7 @@ def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> 
     import torch
 
     from routescope.core_models import tracing
-    from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
 
     options = job.model_options(model)
     declared = model.run_options()
@@ -123,7 +123,7 @@ def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> 
 
 def _generation(model, pid, ids, decode, ablation, job: ExportJob, name: str) -> pd.DataFrame:
     from routescope.core_models.generate import Sampling, generate
-    from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
 
     g = generate(model, ids, max_new_tokens=job.max_new_tokens, sampling=Sampling(seed=job.seed), top_n=1,
                  ablation=ablation, routing=job.routing, routing_seed=job.seed, trace_sites=None)

@@ -60,7 +60,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.export.table import conform, empty_table
+from routescope.analysis.export.run_table import conform, empty_table
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
 NA_TEXT = "\\N"

@@ -33,7 +33,7 @@ from routescope.core_models.trace import Trace, tracing
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs.families import RouteReader, papaformer_reader
-from routescope.analysis.runs.prompts import MAX_LINE_BYTES, iter_lines, open_regular_file
+from routescope.analysis.inputs.files import MAX_LINE_BYTES, iter_lines, open_regular_file
 
 REQUIRED = (C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.PROMPT)
 PAPER_PREFIX = "paper_"

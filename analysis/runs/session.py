@@ -18,8 +18,8 @@ from routescope.core_models.trace import Trace
 
 from routescope.analysis.runs.families import RunViews
 from routescope.analysis.runs.family_table import family_analysis, routing_views
-from routescope.analysis.runs.prompts import check_prompt
-from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
+from routescope.analysis.inputs.prompts import check_prompt
+from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Corpus view: how the checkpoint routes over a whole dataset (`analysis.corpus.stats`), optionally
 beside a second checkpoint on the same rows. Layout only: the dataset is checked by
-`analysis.corpus.data`, the statistics run as a background job (`app.corpus_resources`) while this
+`analysis.inputs.datasets`, the statistics run as a background job (`app.corpus_resources`) while this
 view shows a progress bar and the rest of the page stays usable, and the tables come back as views
 drawn by the drawer table, in a loop that never asks which family it is looking at.
 
@@ -17,7 +17,8 @@ import pandas as pd
 import streamlit as st
 
 from routescope.analysis.corpus import stats as S
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.runs.catalog import checkpoint_roots, list_checkpoints
 from routescope.analysis.corpus.columns import column_help, named_compared
 from routescope.analysis.corpus.page import SECTIONS, frame_bytes
@@ -46,7 +47,7 @@ def _dataset() -> D.CorpusData | None:
     source = st.radio("Dataset", [SHIPPED, UPLOAD, SERVER], horizontal=True, key=K.CORPUS_SOURCE)
     try:
         if source == SHIPPED:
-            return CR.shipped(st.selectbox("Shipped dataset", list(D.shipped_datasets()), key=K.CORPUS_SHIPPED))
+            return CR.shipped(st.selectbox("Shipped dataset", list(SH.shipped_datasets()), key=K.CORPUS_SHIPPED))
         if source == UPLOAD:
             # no `type=`: Streamlit's own refusal names a MIME type and leaves a stale chip; the reader's names the
             # formats (corpus_data's one line), and a refused file still replaces the previous one

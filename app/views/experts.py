@@ -11,7 +11,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.export.batch import weights_sha256
 from routescope.analysis.corpus.page import frame_bytes
 from routescope.analysis.corpus.run import CorpusJobs
@@ -48,7 +49,7 @@ def _dataset() -> D.CorpusData | None:
     source = st.radio("Dataset", [SHIPPED, UPLOAD, SERVER], horizontal=True, key=K.EXPERTS_SOURCE)
     try:
         if source == SHIPPED:
-            return CR.shipped(st.selectbox("Shipped dataset", list(D.shipped_datasets()), key=K.EXPERTS_SHIPPED))
+            return CR.shipped(st.selectbox("Shipped dataset", list(SH.shipped_datasets()), key=K.EXPERTS_SHIPPED))
         if source == UPLOAD:
             f = st.file_uploader("Dataset file", key=K.EXPERTS_UPLOAD)
             return None if f is None else CR.uploaded(f.name, f.file_id, f.getvalue())

@@ -1,4 +1,4 @@
-"""Datasets of the corpus view (analysis.corpus.data): every format read to the same rows, label
+"""Datasets of the corpus view (analysis.inputs.datasets, analysis.corpus.shipped): every format read to the same rows, label
 columns found or named, limits enforced, a digest that follows the content, and one line naming the
 file and row for each refusal."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.corpus import shipped as SH
 
 ROWS = [("r1", "Once upon a time, there was a girl.", "story", "1"),
         ("r2", 'She said, "hello, world"\nand left.', "story", "1"),
@@ -107,11 +108,11 @@ def test_paths_that_are_no_files(tmp_path):
 
 
 def test_shipped_datasets():
-    t6 = D.shipped("table6")
+    t6 = SH.shipped("table6")
     assert t6.n_rows == 20 and t6.label_columns == ("domain", "expected_path")
     assert {r.labels[0] for r in t6} == {"story", "math"}
-    val = D.shipped("validation-math")
+    val = SH.shipped("validation-math")
     assert val.label_columns == ("domain",) and {r.labels for r in val} == {("math",)}
-    assert D.shipped("validation").n_rows == 2 * D.VALIDATION_DOCS
+    assert SH.shipped("validation").n_rows == 2 * SH.VALIDATION_DOCS
     with pytest.raises(ValueError, match="no shipped dataset 'x'"):
-        D.shipped("x")
+        SH.shipped("x")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from routescope.analysis.corpus import stats as S
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
 from routescope.analysis.runs.family_table import route_reader
 from routescope.core_models import tracing

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from routescope.analysis.corpus import stats as S
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.corpus import run as R
 from routescope.analysis.corpus import values as V
 from routescope.analysis.runs import domain as DOM
 from routescope.analysis.runs.family_table import route_reader
-from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
+from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
 from routescope.core_models import tracing
 from routescope.core_models.checkpoint import load_checkpoint
 from tolerances import EPS32, FORWARD_EPS
@@ -383,7 +384,7 @@ def test_table6_reading_equals_domain_table6_summary():
     from pathlib import Path
     ck = Path(__file__).resolve().parents[2] / "checkpoints" / "papaformer-gumbel-v2"
     model, tok = load_checkpoint(ck)
-    res = R.run_corpus(model, tok, D.shipped("Table 6 probes"), name="v2", settings=R.CorpusSettings(batch_size=6))
+    res = R.run_corpus(model, tok, SH.shipped("Table 6 probes"), name="v2", settings=R.CorpusSettings(batch_size=6))
     tables = res.tables()
     probes = DOM.read_probes(DOM.DEFAULT_PROBES)
     routes = DOM.probe_routes(model, tok, probes)

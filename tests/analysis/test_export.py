@@ -10,7 +10,7 @@ import pytest
 from routescope.analysis.export import columns as C
 from routescope.analysis.export.tables import (ExportWriter, escape_text, read_csv, read_parquet, read_table, unescape_text,
                              write_csv, write_parquet)
-from routescope.analysis.export.table import conform, empty_table
+from routescope.analysis.export.run_table import conform, empty_table
 
 HOSTILE = ["=cmd|' /C calc'!A0", "+1", "-x", "@a", "\ttab", "\rcr", "line\nbreak", "crlf\r\nend", 'say "hi"',
            "a,b", "😀 emoji", "nul\0byte", "שלום עולם", "\u202eevil\u202c", "'quoted", "''", "'", "\\N", "\\",

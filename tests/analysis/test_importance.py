@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus.run import Stopped
 from routescope.analysis.reports.importance import ImportanceSettings, importance
 from routescope.core_models.ablation import Ablation

@@ -316,7 +316,7 @@ EXPECTED_KINDS = {
 
 @pytest.mark.parametrize("key", sorted(EXPECTED_KINDS))
 def test_routing_table_schema_for_every_family(key):
-    from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model(key)
     x = ids(2, 5, seed=1)
@@ -337,7 +337,7 @@ def test_routing_table_schema_for_every_family(key):
 
 
 def test_routing_table_counts_for_gumbel():
-    from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model("gumbel_v1")
     tr = run(model, ids(1, 4))
@@ -351,7 +351,7 @@ def test_routing_table_counts_for_gumbel():
 
 
 def test_routing_table_from_a_generation_trace_marks_generated_positions():
-    from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
 
     model = tiny_model("moep")
     g = generate(model, [1, 2, 3], max_new_tokens=4, trace_sites=None)
@@ -364,7 +364,7 @@ def test_routing_table_from_a_generation_trace_marks_generated_positions():
 
 
 def test_routing_table_wiola_with_atm_has_merge_rows(wiola_atm):
-    from routescope.analysis.export.table import ExportMeta, RowMeta, routing_table
+    from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
 
     model, tr = wiola_atm
     rows = [RowMeta(str(b), list(range(12))) for b in range(2)]

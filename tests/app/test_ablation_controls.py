@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.corpus.page import SECTIONS
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
 from routescope.analysis.runs.usage import run_usage
@@ -100,7 +101,7 @@ def test_the_corpus_view_runs_under_the_ablation_at_the_left():
     assert (util[util["option"] == 1]["tokens"] == 0).all() and not util[util["option"] == 1]["overloaded"].any()
     # the same statistics run directly under the same ablation
     model, tok = load_checkpoint(path)
-    want = run_corpus(model, tok, D.shipped(at.selectbox(key=K.CORPUS_SHIPPED).value), name="mixtral-tiny",
+    want = run_corpus(model, tok, SH.shipped(at.selectbox(key=K.CORPUS_SHIPPED).value), name="mixtral-tiny",
                       settings=CorpusSettings(max_tokens=at.number_input(key=K.CORPUS_MAX_TOKENS).value),
                       ablation=Ablation.parse(["*:1"])).tables()
     pd.testing.assert_frame_equal(util.reset_index(drop=True), want["utilisation"], check_dtype=False, check_like=True)

@@ -13,7 +13,8 @@ from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
 from routescope.analysis.corpus import stats as S
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
 from routescope.analysis.export.tables import read_frame_csv
 from routescope.app import state as K
@@ -208,7 +209,7 @@ def test_page_html_is_offline_and_holds_every_table(tmp_path):
     from routescope.rendering.corpus_report import page
 
     model, tok = load_checkpoint(CK / "papaformer-gumbel-v2")
-    res = run_corpus(model, tok, D.shipped("table6"), name="v2", decode=lambda i: tok.decode([i]))
+    res = run_corpus(model, tok, SH.shipped("table6"), name="v2", decode=lambda i: tok.decode([i]))
     tables = res.tables(min_count=1)
     text = page(res, tables, model.option_labels())
     import json

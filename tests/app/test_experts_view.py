@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
 from routescope.analysis.reports.importance import ImportanceSettings, importance
 from routescope.app import state as K
 from routescope.core_models.checkpoint import load_checkpoint

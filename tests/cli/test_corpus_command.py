@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from routescope.analysis.corpus import stats as S
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus.columns import named_compared
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
 from routescope.analysis.export.tables import csv_kinds, read_frame_csv

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus.run import encode_head
 from routescope.cli import corpus as corpus_cli
 from routescope.cli.main import main

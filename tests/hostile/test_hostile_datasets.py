@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from routescope.analysis.corpus import data as D
+from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus import page as P
 from routescope.analysis.corpus import run as corpus_run
-from routescope.analysis.runs.prompts import MAX_LINE_BYTES
+from routescope.analysis.inputs.files import MAX_LINE_BYTES
 from routescope.cli.main import Stopped, main
 from test_interrupts_and_limits import run_measured
 

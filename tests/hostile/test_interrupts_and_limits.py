@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from routescope.analysis.export.tables import new_temporary, read_csv, remove_stale_temporaries
-from routescope.analysis.runs.prompts import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES, prompt_problem
+from routescope.analysis.inputs.files import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES
+from routescope.analysis.inputs.prompts import prompt_problem
 from routescope.cli.main import main
 from procs import running
 
@@ -229,7 +230,7 @@ def test_a_line_over_the_line_limit_is_refused_after_reading_only_that_much(tmp_
 
 
 def test_a_line_exactly_at_the_limit_is_read(capsys, tmp_path):
-    from routescope.analysis.runs.prompts import read_prompt_file
+    from routescope.analysis.inputs.prompts import read_prompt_file
 
     f = tmp_path / "p.tsv"
     f.write_bytes(b"prompt_id\tprompt\r\nA\t" + b"x" * (MAX_LINE_BYTES - 2) + b"\r\nB\tshort\n")

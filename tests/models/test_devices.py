@@ -248,7 +248,7 @@ def test_bfloat16_is_within_the_stated_tolerance_of_float32(name):
 
     from routescope.analysis.export import batch as B
     from routescope.analysis.runs.domain import iter_probes
-    from routescope.analysis.runs.prompts import TokenText
+    from routescope.analysis.export.run_table import TokenText
 
     ref, tok = load_checkpoint(ROOT / "checkpoints" / name)
     low, _ = load_checkpoint(ROOT / "checkpoints" / name, dtype="bfloat16")

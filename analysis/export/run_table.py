@@ -1,4 +1,5 @@
-"""The export table: every family's routing records in one long format (`columns.EXPORT_SCHEMA`).
+"""A run's long routing table (the export table): every family's routing records in one long format
+(`columns.EXPORT_SCHEMA`), and the token texts of its `token` column (`TokenText`).
 
 `routing_table(trace, model, meta=...)` takes the family's rows from `analysis.runs.families` (which
 runs the analyses of `analysis.runs.routing` on the trace) and adds the prompt, token and call columns:
@@ -20,6 +21,16 @@ from routescope.core_models.trace import Trace
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs.families import RunViews
 from routescope.analysis.runs.family_table import family_analysis
+
+
+class TokenText:
+    """Token id -> its decoded text, cached (the `token` column of `RowMeta.tokens`)."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.cache = tok, {}
+
+    def __call__(self, ids) -> list[str]:
+        return [self.cache.setdefault(i, self.tok.decode([i])) for i in ids]
 
 
 @dataclass(frozen=True)
