@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from routescope.analysis.corpus.data import CorpusData, load_corpus
+from routescope.analysis.inputs.datasets import CorpusData, load_corpus
 from routescope.analysis.reports.importance import ImportanceSettings
 from routescope.analysis.reports.importance import importance as sweep
 from routescope.analysis.runs.session import RunSettings, run_prompt
