@@ -9,6 +9,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from routescope.analysis.inputs.datasets import CorpusData, CorpusRow, load_corpus, rows_corpus
+from routescope.analysis.runs.family_table import probe_tables
 from routescope.corpora.corpus import validation_documents
 
 VALIDATION_DOCS = 200  # documents per domain of a shipped validation split (the corpus' default)
@@ -39,13 +40,10 @@ VALIDATION_IDS = ("validation", "validation-story", "validation-math")
 
 
 def shipped_datasets() -> dict[str, Callable[[], CorpusData]]:
-    """Shown name -> loader: the probe sets that family specs declare (`ProbeTable.sets`, labelled
-    by domain and expected path; the first is the views' default: 20 prompts, instant), then the
-    validation splits."""
-    # TODO(lead): routescope.families sits above analysis; replace with the per-layer registry of probe sets
-    from routescope.families import specs
-
-    probes = {f"{name} probes": _probe_file(path) for s in specs() if s.probes for name, path in s.probes.sets.items()}
+    """Shown name -> loader: the probe sets that families register (`family_table.probe_tables`:
+    `ProbeTable.sets`, labelled by domain and expected path; the first is the views' default: 20
+    prompts, instant), then the validation splits."""
+    probes = {f"{name} probes": _probe_file(path) for t in probe_tables().values() for name, path in t.sets.items()}
     return {**probes, **VALIDATIONS}
 
 
