@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import compare as CMP
+from routescope.analysis.corpus import reductions as RD
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.runs.catalog import checkpoint_roots, list_checkpoints
@@ -44,15 +45,18 @@ LIMITS = (f"Formats: .txt (one prompt per line), or .tsv / .csv / .jsonl / .parq
 def _dataset() -> D.CorpusData | None:
     """The chosen dataset, checked; None (with the one line saying why) when there is none yet or
     it is refused."""
-    source = st.radio("Dataset", [SHIPPED, UPLOAD, SERVER], horizontal=True, key=K.CORPUS_SOURCE)
+    source = st.radio("Dataset", [SHIPPED, UPLOAD, SERVER], horizontal=True, key=K.CORPUS_SOURCE,
+                      on_change=_keep, args=(K.CORPUS_SOURCE,))
     try:
         if source == SHIPPED:
-            return CR.shipped(st.selectbox("Shipped dataset", list(SH.shipped_datasets()), key=K.CORPUS_SHIPPED))
+            return CR.shipped(st.selectbox("Shipped dataset", list(SH.shipped_datasets()), key=K.CORPUS_SHIPPED,
+                                             on_change=_keep, args=(K.CORPUS_SHIPPED,)))
         if source == UPLOAD:
             # no `type=`: Streamlit's own refusal names a MIME type and leaves a stale chip; the reader's names the
             # formats (corpus_data's one line), and a refused file still replaces the previous one
             return _uploaded()
-        where = st.text_input("Path on the server", key=K.CORPUS_PATH, placeholder="/data/prompts.tsv").strip()
+        where = st.text_input("Path on the server", key=K.CORPUS_PATH, placeholder="/data/prompts.tsv",
+                              on_change=_keep, args=(K.CORPUS_PATH,)).strip()
         if not where:
             st.info("Give the path of a dataset file on the server. " + LIMITS)
             return None
@@ -83,15 +87,26 @@ def _uploaded() -> D.CorpusData | None:
 
 
 def _restore(model, compare_options: list[str]) -> None:
-    """Put back the inputs kept while another view was shown (within what this model allows)."""
+    """Seed every input's widget from its kept value, on every run (within what this model allows).
+
+    The kept value (`K.kept_key`) is the input's one record: a widget's change writes it (`_keep`, run
+    before the script) and `_remember` keeps a first default. Seeding only widgets missing from the
+    session is not enough: a widget not drawn in one run (another view, a refused dataset) is forgotten
+    by the browser, which draws it again from what the script sends, and Streamlit sends a value only
+    for a key the script set in that run (else the widget's default: 1 for "Tokens per row")."""
     ss = st.session_state
     for key in K.CORPUS_KEPT:
-        if key not in ss and K.kept_key(key) in ss:
+        if K.kept_key(key) in ss:
             ss[key] = ss[K.kept_key(key)]
     if K.CORPUS_MAX_TOKENS in ss and not 1 <= ss[K.CORPUS_MAX_TOKENS] <= model.context:
         ss[K.CORPUS_MAX_TOKENS] = min(max(1, int(ss[K.CORPUS_MAX_TOKENS])), model.context)
     if ss.get(K.CORPUS_COMPARE, NONE) not in compare_options:  # a checkpoint that is gone
         ss[K.CORPUS_COMPARE] = NONE
+
+
+def _keep(key: str) -> None:
+    """A corpus input changed in the browser: its kept value follows (before `_restore` seeds it)."""
+    st.session_state[K.kept_key(key)] = st.session_state[key]
 
 
 def _remember() -> None:
@@ -110,19 +125,24 @@ def _controls(model) -> tuple[CorpusSettings, str, int, int, str | None]:
     """Settings, the intended-options text, top tokens, minimum count, and the checkpoint to compare with."""
     cols = st.columns([1, 2, 2])
     max_tokens = cols[0].number_input("Tokens per row", 1, model.context, key=K.CORPUS_MAX_TOKENS,
+                                      on_change=_keep, args=(K.CORPUS_MAX_TOKENS,),
                                       help="Each row's first tokens that are routed (at most the model's context).",
                                       **_default(K.CORPUS_MAX_TOKENS, model.context))
     intended = cols[1].text_input("Intended options", key=K.CORPUS_INTENDED, placeholder="domain:story=0,math=1",
+                                  on_change=_keep, args=(K.CORPUS_INTENDED,),
                                   help="Label values and the 0-based option each should take, for accuracy; several "
                                        "columns separated by ';'. expected_path (1-based) and expected_option "
                                        "columns need none.")
     names = _others()
     compare = cols[2].selectbox("Compare with", [NONE, *names], key=K.CORPUS_COMPARE,
+                                on_change=_keep, args=(K.CORPUS_COMPARE,),
                                 format_func=lambda p: names.get(p, p))
     with st.expander("Specialisation settings"):
         c = st.columns(2)
-        top = c[0].number_input("Tokens per option", 1, 100, key=K.CORPUS_TOP, **_default(K.CORPUS_TOP, 10))
+        top = c[0].number_input("Tokens per option", 1, 100, key=K.CORPUS_TOP, on_change=_keep,
+                                args=(K.CORPUS_TOP,), **_default(K.CORPUS_TOP, 10))
         min_count = c[1].number_input("Minimum count of a token", 1, 1000, key=K.CORPUS_MIN_COUNT,
+                                      on_change=_keep, args=(K.CORPUS_MIN_COUNT,),
                                       **_default(K.CORPUS_MIN_COUNT, 5))
     return CorpusSettings(max_tokens=int(max_tokens)), intended, int(top), int(min_count), \
         (None if compare == NONE else compare)
@@ -226,7 +246,7 @@ def show(model, tok, path: str, mtime: float, ablation: Ablation = NO_ABLATION) 
 def _results(model, path: str, mtime: float, ablation: Ablation, data, settings, intended_text: str, top: int,
              min_count: int, other_path: str | None) -> None:
     try:
-        intended = S.parse_intended([s for s in intended_text.split(";") if s.strip()])
+        intended = RD.parse_intended([s for s in intended_text.split(";") if s.strip()])
     except ValueError as e:
         show_error(e)
         intended = {}
@@ -236,7 +256,7 @@ def _results(model, path: str, mtime: float, ablation: Ablation, data, settings,
     if other_path is not None:
         other_mtime = resources.stamp(other_path)
         other_model, _ = resources.load(other_path, other_mtime)
-        why = S.comparable(layout_of(model, data.label_columns), layout_of(other_model, data.label_columns),
+        why = CMP.comparable(layout_of(model, data.label_columns), layout_of(other_model, data.label_columns),
                            (names[0], Path(other_path).name))
         if why is None and not ablation.is_empty:  # both run under the same options switched off
             try:
@@ -262,7 +282,7 @@ def _results(model, path: str, mtime: float, ablation: Ablation, data, settings,
         st.session_state.setdefault(K.CORPUS_LAST, {})[path] = keys[0]
     try:
         if result.layout.routes:
-            S.check_intended(intended, result.layout)
+            RD.check_intended(intended, result.layout)
     except ValueError as e:
         show_error(e)
         intended = {}
