@@ -4,6 +4,7 @@ modules subclass `sites.RoutingLayer` and `routing_layers()` finds them; family-
 options are declared by `run_options()` and checked on every call."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -183,8 +184,6 @@ class RouteScopeLM(nn.Module):
         """This model when it is float32, else a float32 copy (the shared model is not touched)."""
         if all(p.dtype == torch.float32 for p in self.parameters()):
             return self
-        import copy
-
         return copy.deepcopy(self).float().eval()
 
     def check_row_ablations(self, rows, batch: int, ablation: Ablation | None,

@@ -16,14 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("core_models", "analysis", "rendering", "app", "cli", "corpora")  # the repository's top-level packages
 
 # Where a family may be named in a comparison or its module imported: the family table of
-# core_models (registry), the family modules themselves (hf.py: transformers models), and analysis'
-# family table. importers.py (a paper's weights into one family) and training/compose.py (PaPaformer
+# core_models (registry), the family modules themselves (hf.py: transformers models), analysis'
+# family table and each family's analysis module (analysis/families: Wiola's reads its model's option
+# names). importers.py (a paper's weights into one family) and training/compose.py (PaPaformer
 # built from trained paths) import their family's module by purpose, but compare nothing either.
 # A transformers directory is a checkpoint format of its own: the loader (checkpoint.py) and the
 # catalog that lists directories (catalog.py) import core_models.hf to recognise and check one.
 ALLOWED = {"core_models/registry.py", "core_models/plugins.py", "core_models/papaformer.py", "core_models/moep.py", "core_models/pgpt.py",
            "core_models/wiola.py", "core_models/wiola_parts.py", "core_models/llama.py", "core_models/hf.py",
-           "analysis/runs/families.py", "routescope/families.py"}
+           "analysis/runs/family_table.py", "routescope/families.py",
+           *(f"analysis/families/{f}.py" for f in ("papaformer", "topk", "pgpt", "wiola", "llama"))}
 IMPORTS_FAMILY_BY_PURPOSE = {"core_models/importers.py", "core_models/training/compose.py", "analysis/runs/domain.py",
                              "core_models/checkpoint.py", "analysis/runs/catalog.py"}
 FAMILY_MODULES = r"(papaformer|moep|pgpt|wiola|wiola_parts|llama|hf)"

@@ -32,7 +32,8 @@ from routescope.core_models.papaformer import Papaformer, parallel_layer
 from routescope.core_models.trace import Trace, tracing
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.runs.families import RouteReader, papaformer_reader
+from routescope.analysis.families.papaformer import papaformer_reader
+from routescope.analysis.runs.families import RouteReader
 from routescope.analysis.inputs.files import MAX_LINE_BYTES, iter_lines, open_regular_file
 
 REQUIRED = (C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.PROMPT)

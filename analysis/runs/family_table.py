@@ -1,5 +1,5 @@
 """The analysis half of every family, as one table: how its traced runs become views and export rows
-(`FamilyAnalysis`, built in `analysis.runs.families`) and, where its paper prints expected routes,
+(`FamilyAnalysis`, each family's in its module of `analysis.families`) and, where its paper prints expected routes,
 its probe prompts (`ProbeTable`). Families from outside the repository bring theirs in their spec
 (`core_models.plugins`); a family with neither gets `GENERIC`, read from its routing layers' roles.
 Code elsewhere asks this table by the model, never compares family names."""
@@ -16,6 +16,7 @@ from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.registry import family_names
 from routescope.core_models.trace import Trace
 
+from routescope.analysis.families import llama, papaformer, pgpt, topk, wiola
 from routescope.analysis.runs import domain
 from routescope.analysis.runs import families as A
 from routescope.analysis.runs import routing as R
@@ -39,14 +40,10 @@ class ProbeTable:
     command: Callable[..., int] | None = None
 
 
+# each family's analysis is its module of analysis.families
 ANALYSES: Mapping[str, A.FamilyAnalysis] = MappingProxyType({
-    "llama": A.FamilyAnalysis(views=A.llama_views, export=A.llama_export),
-    "papaformer": A.FamilyAnalysis(views=A.papaformer_views, export=A.papaformer_export,
-                                   route_reader=A.papaformer_reader),
-    "pgpt": A.FamilyAnalysis(views=A.pgpt_views, export=A.pgpt_export),
-    "moep": A.FamilyAnalysis(views=A.topk_views, export=A.topk_export, route_reader=A.topk_reader(A.moep_description)),
-    "wiola": A.FamilyAnalysis(views=A.wiola_views, export=A.wiola_export, second_pass=A.wiola_merge_pass),
-    "hf": A.FamilyAnalysis(views=A.topk_views, export=A.topk_export, route_reader=A.topk_reader(A.hf_description)),
+    "llama": llama.ANALYSIS, "papaformer": papaformer.ANALYSIS, "pgpt": pgpt.ANALYSIS, "moep": topk.MOEP,
+    "wiola": wiola.ANALYSIS, "hf": topk.HF,
 })  # lgpt and cgpt route nothing: generic views of their (absent) option weights
 
 # the paper's Table 6 probes and our held-out ones, read at the last prompt token or by majority

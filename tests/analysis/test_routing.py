@@ -394,7 +394,7 @@ def test_every_role_names_a_site_the_forward_records(key):
 
 
 def test_the_merge_view_says_when_token_merging_is_not_causal():
-    from routescope.analysis.runs import families as A
+    from routescope.analysis.families import wiola as A
 
     model = tiny_model("wiola")
     x = ids(1, 12)
