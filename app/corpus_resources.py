@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import compare as CMP
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.corpus.run import CorpusJob, CorpusJobs, CorpusResult, CorpusSettings, run_corpus
@@ -86,7 +86,7 @@ def tables(key: tuple, top: int, min_count: int, intended: tuple) -> dict[str, p
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def compared(key_a: tuple, key_b: tuple, top: int, min_count: int, intended: tuple) -> dict[str, pd.DataFrame]:
-    return S.compare_tables(tables(key_a, top, min_count, intended), tables(key_b, top, min_count, intended))
+    return CMP.compare_tables(tables(key_a, top, min_count, intended), tables(key_b, top, min_count, intended))
 
 
 def frozen(intended: dict[str, dict[str, int]]) -> tuple:

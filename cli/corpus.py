@@ -5,7 +5,7 @@ and the corpus view's offline HTML page, optionally beside a second checkpoint o
                       [--drop SPEC] [--force LAYER:OPTION] [--mode NAME] --out DIR
 
 Writes into DIR (replaced whole: it may hold only an earlier run's files): `<table>.csv` and
-`<table>.parquet` for each table of `analysis.corpus.stats` (summary, utilisation, label_shares, accuracy,
+`<table>.parquet` for each table of `analysis.corpus.reductions` (summary, utilisation, label_shares, accuracy,
 specialisation, co_routing; call_values for families without per-token routes), with --compare
 `compare_<table>.*` (both side by side with their differences), `corpus.html` (the page) and
 `corpus.json` (provenance). The files are built in a hidden directory beside DIR and swapped in
@@ -83,7 +83,8 @@ def _formats(spec: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from routescope.analysis.corpus import stats as S
+    from routescope.analysis.corpus import compare as CMP
+    from routescope.analysis.corpus import reductions as RD
     from routescope.analysis.corpus.columns import named_compared
     from routescope.analysis.inputs import datasets as D
     from routescope.analysis.corpus import shipped as SH
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from routescope.core_models.ablation import NO_ABLATION
 
     formats = _formats(args.format)
-    intended = S.parse_intended(args.intended)
+    intended = RD.parse_intended(args.intended)
     out = P.check_out_dir(args.out)
     labels = [c.strip() for c in args.labels.split(",") if c.strip()] if args.labels is not None else None
     data = SH.shipped(args.shipped) if args.shipped else \
@@ -108,14 +109,14 @@ def run(args: argparse.Namespace) -> int:
             names = [f"{names[0]} (A)", f"{names[0]} (B)"]
         loaded.append(load_with_tokenizer(args.compare, **O.device_kwargs(args)))
     layouts = [R.layout_of(m, data.label_columns) for m, _ in loaded]
-    why = S.comparable(*layouts, names=tuple(names)) if len(layouts) == 2 else None
+    why = CMP.comparable(*layouts, names=tuple(names)) if len(layouts) == 2 else None
     if why:
         raise ValueError(f"cannot compare {names[0]} with {names[1]}: {why}")
-    own = S.default_intended(data.label_columns, {c: list(v) for c, v in (data.label_values or {}).items()})
+    own = RD.default_intended(data.label_columns, {c: list(v) for c, v in (data.label_values or {}).items()})
     for lay in layouts:
         if lay.routes:
-            S.check_intended(intended, lay)
-            S.check_intended(own, lay)  # the dataset's expected_path / expected_option, before the run
+            RD.check_intended(intended, lay)
+            RD.check_intended(own, lay)  # the dataset's expected_path / expected_option, before the run
     paths = [args.checkpoint, *([args.compare] if args.compare else [])]
 
     def run_one(k: int, ablation, desc: str):
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--compare {names[1]}: the ablation does not apply to it: {e}") from None
     results = [run_one(k, ablation, names[k]) for k in range(len(loaded))]
     tables = [r.tables(top=args.top, min_count=args.min_count, intended=intended) for r in results]
-    compared = S.compare_tables(*tables) if len(tables) == 2 else None
+    compared = CMP.compare_tables(*tables) if len(tables) == 2 else None
     meta = {"a": R.provenance(results[0]), **({"b": R.provenance(results[1])} if len(results) == 2 else {})}
     from routescope.rendering.corpus_report import page  # the drawer table (plotly only, no Streamlit)
 

@@ -1,4 +1,4 @@
-"""Plotly figures of corpus statistics (`analysis.corpus.stats` tables; no Streamlit here). Colours follow
+"""Plotly figures of corpus statistics (`analysis.corpus.reductions` tables; no Streamlit here). Colours follow
 the options as everywhere (`figures.PALETTE`: option 0 blue, option 1 orange, ...)."""
 from __future__ import annotations
 

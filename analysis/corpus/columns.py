@@ -9,6 +9,7 @@ import pandas as pd
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import compare as CMP
 
 FLAGS = (S.DEAD, S.OVERLOADED)
 SIDES = ("a", "b")
@@ -93,7 +94,7 @@ def shown_compare(df: pd.DataFrame, table: str, names: tuple[str, str]) -> pd.Da
     and each column's help in `attrs["help"]`. Two checkpoints of one name become "<name> (A)" and "(B)"."""
     if names[0] == names[1]:
         names = (f"{names[0]} (A)", f"{names[1]} (B)")
-    keys, measures, flags = S.COMPARE_KEYS.get(table, ([], [], []))
+    keys, measures, flags = CMP.COMPARE_KEYS.get(table, ([], [], []))
     renamed = compare_names(list(df.columns), [*measures, *flags], names)
     out = flags_first(df.rename(columns=renamed))
     a, b = names

@@ -33,6 +33,7 @@ from routescope.core_models.devices import model_device
 from routescope.core_models.trace import host_copy, tracing
 
 from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import reductions as RD
 from routescope.analysis.corpus import values as V
 from routescope.analysis.inputs.datasets import CorpusData, CorpusRow
 from routescope.analysis.runs.families import RunViews, views_of
@@ -77,7 +78,7 @@ class CorpusResult:
 
     def intended(self, given: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, dict[str, int]]:
         """The dataset's own intended options (`corpus.default_intended`) updated by `given`."""
-        out = S.default_intended(self.layout.label_columns, S.label_values(self.stats))
+        out = RD.default_intended(self.layout.label_columns, RD.label_values(self.stats))
         for column, m in (given or {}).items():
             out.setdefault(column, {}).update(m)
         return out
@@ -90,15 +91,15 @@ class CorpusResult:
             out["call_values"] = V.call_values(self.stats)
             return out
         want = self.intended(intended)
-        S.check_intended(want, self.layout)
-        out["utilisation"] = S.utilisation(self.stats)
+        RD.check_intended(want, self.layout)
+        out["utilisation"] = RD.utilisation(self.stats)
         if self.layout.label_columns:
-            out["label_shares"] = S.label_shares(self.stats)
+            out["label_shares"] = RD.label_shares(self.stats)
         if any(want.values()):
-            out["accuracy"] = S.accuracy(self.stats, want)
-        out["specialisation"] = S.specialisation(self.stats, top=top, min_count=min_count, decode=self.decode)
+            out["accuracy"] = RD.accuracy(self.stats, want)
+        out["specialisation"] = RD.specialisation(self.stats, top=top, min_count=min_count, decode=self.decode)
         if self.stats.pairs:
-            out["co_routing"] = S.co_routing(self.stats)
+            out["co_routing"] = RD.co_routing(self.stats)
         return out
 
     def summary(self) -> pd.DataFrame:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import reductions as RD
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
 from routescope.analysis.runs.family_table import route_reader
@@ -36,7 +37,7 @@ def test_hf_moe_corpus_counts_every_pick(model_type, tokenizer, tmp_path):
                      settings=CorpusSettings(batch_size=3))
     k = hf.config.num_experts_per_tok
     assert res.layout.routes and res.layout.layers == tuple(reader.layers) and res.layout.k == k
-    u = S.utilisation(res.stats)
+    u = RD.utilisation(res.stats)
     sums = u[u["routed"]].groupby("layer")[["token_share", "slot_share"]].sum()
     assert np.allclose(sums["token_share"], k) and np.allclose(sums["slot_share"], 1.0)
     shared = u[~u["routed"]]  # Qwen2-MoE's shared expert runs for every token: no router pick, no flag
@@ -126,7 +127,7 @@ def test_routes_counted_on_the_device_equal_the_same_routes_counted_by_numpy(dev
         there.add(_host(b.routes), lengths, input_ids=b.ids.numpy(), predicted=_host(b.predicted),
                   topk=_host(b.topk), labels=labels)
     assert here.n_tokens == there.n_tokens == sum(sum(item[0]) for _, item in batches)
-    for table in (S.utilisation, S.label_shares, S.co_routing, lambda s: S.specialisation(s, min_count=1)):
+    for table in (RD.utilisation, RD.label_shares, RD.co_routing, lambda s: RD.specialisation(s, min_count=1)):
         pd.testing.assert_frame_equal(table(here), table(there))
     for by in S.BY_KINDS:
         assert [a.tolist() for a in here.spec[by].items()] == [a.tolist() for a in there.spec[by].items()]

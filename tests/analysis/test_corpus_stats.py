@@ -1,4 +1,4 @@
-"""Corpus statistics (analysis.corpus.stats, analysis.corpus.run): every table recomputed from the raw
+"""Corpus statistics (analysis.corpus.stats, reductions, compare, run): every table recomputed from the raw
 routes by plain loops over tokens, padding never counted; the model loop against each prompt run
 alone; the Table 6 reading against analysis.runs.domain; comparisons."""
 from __future__ import annotations
@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import compare as CMP
+from routescope.analysis.corpus import reductions as RD
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.corpus import run as R
@@ -90,7 +92,7 @@ def data():
 
 def test_utilisation_and_flags_equal_plain_counts(data):
     batches, st = data
-    got = S.utilisation(st).set_index(["layer", "option"])
+    got = RD.utilisation(st).set_index(["layer", "option"])
     for l, layer in enumerate(LAYERS):
         first, slots, defined = Counter(), Counter(), 0
         for bt, b, t, _ in _tokens(batches):
@@ -121,16 +123,16 @@ def test_without_topk_slots_are_first_choices():
     st = S.RouteStats(layout, VOCAB)
     for bt in batches:
         st.add(bt["routes"], bt["lengths"], input_ids=bt["ids"])
-    u = S.utilisation(st)
+    u = RD.utilisation(st)
     assert (u["slots"] == u["first"]).all() and np.allclose(u["slot_share"], u["first_share"])
-    assert S.specialisation(st, min_count=1)["by"].eq("input").all()  # no predicted tokens given
+    assert RD.specialisation(st, min_count=1)["by"].eq("input").all()  # no predicted tokens given
 
 
 def test_label_shares_and_accuracy_equal_plain_counts(data):
     batches, st = data
-    shares = S.label_shares(st)
+    shares = RD.label_shares(st)
     intended = {"expected_path": {"1": 0, "2": 1}, "domain": {"story": 0, "code": 2}}
-    acc = S.accuracy(st, intended).set_index(["label_column", "label_value", "reading", "layer"])
+    acc = RD.accuracy(st, intended).set_index(["label_column", "label_value", "reading", "layer"])
     for c, column in enumerate(COLUMNS):
         counts = Counter()  # (value, reading, layer, option)
         for bt, b, t, last in _tokens(batches):
@@ -167,7 +169,7 @@ def test_label_shares_and_accuracy_equal_plain_counts(data):
 
 def test_co_routing_equals_plain_pair_counts(data):
     batches, st = data
-    got = S.co_routing(st).set_index(["layer_a", "option_a", "layer_b", "option_b"])
+    got = RD.co_routing(st).set_index(["layer_a", "option_a", "layer_b", "option_b"])
     pairs = [(i, j) for i in range(3) for j in range(i + 1, 3)]
     assert len(got) == sum(N_OPTIONS[i] * N_OPTIONS[j] for i, j in pairs)
     for i, j in pairs:
@@ -203,7 +205,7 @@ def _g2(a, nt, no, N) -> float:
 @pytest.mark.parametrize("min_count,top", [(1, 3), (3, 2)])
 def test_specialisation_equals_plain_counts_and_g2(data, min_count, top):
     batches, st = data
-    got = S.specialisation(st, top=top, min_count=min_count, decode=lambda i: f"<{i}>")
+    got = RD.specialisation(st, top=top, min_count=min_count, decode=lambda i: f"<{i}>")
     for by, key in (("input", "ids"), ("predicted", "pred")):
         for l, layer in enumerate(LAYERS):
             c = Counter()
@@ -242,7 +244,7 @@ def test_sparse_counts_equal_dense_counts(monkeypatch, data):
         kd, cd = dense.spec[by].items()
         ks, cs = sparse.spec[by].items()
         assert kd.tolist() == ks.tolist() and cd.tolist() == cs.tolist()
-    pd.testing.assert_frame_equal(S.specialisation(dense, min_count=1), S.specialisation(sparse, min_count=1))
+    pd.testing.assert_frame_equal(RD.specialisation(dense, min_count=1), RD.specialisation(sparse, min_count=1))
 
 
 def test_value_stats_equal_plain_sums():
@@ -360,13 +362,13 @@ def test_run_corpus_counts_equal_prompts_run_alone(key, checkpoint, tmp_path):
                 by_dom[(dom, l, r - 1)] += 1
                 for p in (picks[l][t] if picks else [r]):
                     slots[(l, p - 1)] += 1
-    u = S.utilisation(st)
+    u = RD.utilisation(st)
     assert st.n_rows == len(keep) and st.n_tokens == sum(len(a[3]) for _, _, a in keep)
     assert [int(x) for x in u["first"]] == [first[(reader.layers.index(l), o)] for l, o in zip(u["layer"], u["option"])]
     assert [int(x) for x in u["slots"]] == [slots[(reader.layers.index(l), o)] for l, o in zip(u["layer"], u["option"])]
     picks_k = {len(a[1][l][0]) for _, _, a in keep if a[1] for l in range(len(reader.layers))}
     assert res.layout.k == max(picks_k, default=1)
-    shares = S.label_shares(st)
+    shares = RD.label_shares(st)
     tok_rows = shares[shares["reading"] == "token"]
     assert [int(x) for x in tok_rows["count"]] == [by_dom[(v, reader.layers.index(l), o)] for v, l, o in
                                                    zip(tok_rows["label_value"], tok_rows["layer"], tok_rows["option"])]
@@ -434,34 +436,34 @@ def test_families_without_routes_summarise_their_exported_values(checkpoint, tok
 # --- intended options and comparison ------------------------------------------------------------------
 
 def test_intended_options_parse_and_default():
-    assert S.parse_intended(["domain:story=0, math=1", "topic:x=2"]) == {"domain": {"story": 0, "math": 1},
+    assert RD.parse_intended(["domain:story=0, math=1", "topic:x=2"]) == {"domain": {"story": 0, "math": 1},
                                                                          "topic": {"x": 2}}
     for bad in ("domain", "domain:story", "domain:story=one", ":a=1"):
         with pytest.raises(ValueError, match="intended options"):
-            S.parse_intended([bad])
-    assert S.default_intended(["expected_path", "domain"], {"expected_path": ["1", "2", "x", "0"]}) == \
+            RD.parse_intended([bad])
+    assert RD.default_intended(["expected_path", "domain"], {"expected_path": ["1", "2", "x", "0"]}) == \
         {"expected_path": {"1": 0, "2": 1}}
     lay = S.Layout(("l",), (3,), (("a", "b", "c"),), 1, ("domain",))
     with pytest.raises(ValueError, match="no label column 'topic'"):
-        S.check_intended({"topic": {"x": 0}}, lay)
+        RD.check_intended({"topic": {"x": 0}}, lay)
     with pytest.raises(ValueError, match="option 3 is out of range"):
-        S.check_intended({"domain": {"x": 3}}, lay)
+        RD.check_intended({"domain": {"x": 3}}, lay)
 
 
 def test_comparable_names_the_difference():
     a = S.Layout(("p.0", "p.1"), (3, 3), (("x",) * 3,) * 2, 1, ())
-    assert S.comparable(a, a) is None
-    assert "p.1 has 3 options in A and 2 in B" == S.comparable(a, S.Layout(("p.0", "p.1"), (3, 2), (), 1, ()))
-    assert "routing layers differ" in S.comparable(a, S.Layout(("q",), (3,), (), 1, ()))
-    assert "per-call values" in S.comparable(a, S.Layout(("p.0", "p.1"), (3, 3), (), 1, (), routes=False))
+    assert CMP.comparable(a, a) is None
+    assert "p.1 has 3 options in A and 2 in B" == CMP.comparable(a, S.Layout(("p.0", "p.1"), (3, 2), (), 1, ()))
+    assert "routing layers differ" in CMP.comparable(a, S.Layout(("q",), (3,), (), 1, ()))
+    assert "per-call values" in CMP.comparable(a, S.Layout(("p.0", "p.1"), (3, 3), (), 1, (), routes=False))
 
 
 def test_compare_tables_sets_both_side_by_side_with_the_difference(data):
     batches, st = data
     other = _stats(_batches(seed=5))
-    ta = {"utilisation": S.utilisation(st), "specialisation": S.specialisation(st, min_count=1, decode=str)}
-    tb = {"utilisation": S.utilisation(other), "specialisation": S.specialisation(other, min_count=1, decode=str)}
-    c = S.compare_tables(ta, tb)
+    ta = {"utilisation": RD.utilisation(st), "specialisation": RD.specialisation(st, min_count=1, decode=str)}
+    tb = {"utilisation": RD.utilisation(other), "specialisation": RD.specialisation(other, min_count=1, decode=str)}
+    c = CMP.compare_tables(ta, tb)
     u = c["utilisation"]
     assert len(u) == len(ta["utilisation"])
     for row, a, b in zip(u.itertuples(), ta["utilisation"].itertuples(), tb["utilisation"].itertuples()):

@@ -13,6 +13,7 @@ from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
 from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import compare as CMP
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
@@ -128,7 +129,7 @@ def test_uploaded_tsv_per_label_shares_flags_specialisation_and_comparison(downl
     assert list(util.columns[:5]) == ["layer", "option", "label", "dead", "overloaded"]  # flags on screen
     spec = table(at, "specialisation")
     assert list(spec["token_id"]) == list(want["specialisation"]["token_id"]) and len(spec)
-    compared = S.compare_tables(want, tables["papaformer-gumbel-v2"])
+    compared = CMP.compare_tables(want, tables["papaformer-gumbel-v2"])
     got = table(at, "compare_utilisation_table")
     a, b = "papaformer-gumbel-v1", "papaformer-gumbel-v2"  # columns named by checkpoint (the files keep _a, _b)
     by_name = {f"{m} ({a})": f"{m}_a" for m in ("slot_share", "token_share", "first_share", "dead", "overloaded")}

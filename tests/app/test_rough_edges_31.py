@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import compare as CMP
 from routescope.analysis.runs.attribution import DELTA_SHARE, judge_convergence
 from routescope.analysis.corpus.columns import flags_first, shown_compare
 from routescope.app import state as K
@@ -153,7 +154,7 @@ def test_flags_come_right_after_the_rows_names():
 
 def test_compared_columns_are_named_by_checkpoint_and_explained():
     a, b = _util([0.9, 0.1, 0.0]), _util([0.5, 0.3, 0.2])
-    raw = S.compare_tables({"utilisation": a}, {"utilisation": b})["utilisation"]
+    raw = CMP.compare_tables({"utilisation": a}, {"utilisation": b})["utilisation"]
     shown = shown_compare(raw, "utilisation", ("moep", "moep-swiglu"))
     assert not any(re.search(r"_(a|b|diff)$", str(c)) for c in shown.columns)
     assert list(shown["slot_share (moep)"]) == list(a[S.SLOT_SHARE])

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from routescope.analysis.corpus import stats as S
+from routescope.analysis.corpus import compare as CMP
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus.columns import named_compared
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
@@ -52,7 +52,7 @@ def test_tables_page_and_comparison(tmp_path, capsys):
                          decode=lambda i, t=tok: t.decode([i]))
         want[name] = res.tables(min_count=1, intended={"domain": {"story": 0, "math": 1}})
     a = want["papaformer-gumbel-v1"]
-    compared = S.compare_tables(a, want["papaformer-gumbel-v2"])
+    compared = CMP.compare_tables(a, want["papaformer-gumbel-v2"])
     expected = {**a, **{f"compare_{k}": v for k, v in compared.items()}}
     # the compared files name each measure's checkpoint (no `_a` / `_b`), values as compare_tables gives them
     raw = compared["utilisation"]
