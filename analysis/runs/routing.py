@@ -1,18 +1,23 @@
 """Routing analyses: pure functions from a `Trace` to long-format DataFrames.
 
-Every function reads the tensors recorded at routing sites (see `core_models.sites`) and returns
-one row per (batch row, position, layer, option) or coarser, with the column names of
-`analysis.export.columns`. No I/O, no globals; randomness only from an explicit seed. A few functions
-also take the model (or its config) where they need its shape or weights; each says so.
+Every function reads the tensors recorded at the sites the model's layers declare for a role
+(`core_models.sites.ROLES`, `OPTION_ROLES`; `model.sites_of(role)`), never a site name of its own
+making, and returns one row per (batch row, position, layer, option) or coarser, with the column
+names of `analysis.export.columns`. So each takes the model; a few also read its weights, and each
+says so. No I/O, no globals; randomness only from an explicit seed.
 
 Traces from `core_models.generate.generate` work too: sites with a position axis are concatenated
 over the prompt and every generated step, so positions run over prompt + generated tokens.
 
-Family coverage: `option_weights` (any routing layer recording its option weights: the view of a
-family without analyses of its own), `gumbel_routes` (PaPaformer Gumbel), `cosine_dominance` (PaPaformer, MoEP),
-`topk_routes` / `topk_utilisation` / `topk_coselection` (MoEP), `pgpt_paths` (ParallelGPT),
-`atm_merges` / `atm_summary` / `dsff_gates` / `gcla_betas` (Wiola), `pagmlp_pathways` (PAGMLP).
-`analysis.export.table.routing_table` turns them into the one export table (table imports routing, never the reverse).
+What each reads, and the families whose layers declare it today: `option_weights` (OPTION_WEIGHTS:
+any routing layer; the view of a family without analyses of its own), `gumbel_routes` (LOGITS,
+PROBS, CHOICE of stochastic layers: PaPaformer Gumbel), `cosine_dominance` (COMBINED and PATHS:
+PaPaformer, MoEP's parallel layers), `topk_*` (INDICES, WEIGHTS, LOGITS, PROBS: MoEP, Hugging Face
+MoE), `router_entropy` (PROBS: any), `pgpt_paths` (PATH_WEIGHTS, PATHS: ParallelGPT), `atm_merges` /
+`atm_summary` (ADJACENT_COS, MERGE_MAP: Wiola's ATM), `dsff_gates` (GATE: Wiola's DSFF),
+`gcla_betas` (BLEND: Wiola's GCLA), `pagmlp_pathways` (PATH_SCALES, PATHS: PAGMLP). Which views a
+family shows is its module of `analysis.families`; `analysis.export.run_table.routing_table` turns
+them into the one export table.
 """
 from __future__ import annotations
 
