@@ -130,10 +130,19 @@ class Ablation:
         return (f"{', '.join(entries[:limit])} and {len(entries) - limit} more "
                 f"({len(self.drop)} options dropped in {len({l for l, _ in self.drop})} layers)")
 
-    def validate(self, layers: dict[str, int], modes: dict[str, str] | None = None) -> None:
-        """Check against {layer name: number of options} and the model's ablation modes
-        ({name: what it does}; None: none); raise one line: each reason first, then (at most a few
-        of) the specs it concerns."""
+    def validate(self, layers: dict[str, int], modes: dict[str, str] | None = None,
+                 top_k: dict[str, tuple[int, int]] | None = None) -> None:
+        """Check against {layer name: number of options}, the model's ablation modes ({name: what it
+        does}; None: none) and its top-k routers ({layer: (k, options it picks among)},
+        `model.routing_top_k()`; None: not checked); raise one line: each reason first, then (at most
+        a few of) the specs it concerns."""
+        bad = self.problems(layers, modes, top_k)
+        if bad:
+            raise AblationError(summarised("invalid ablation", [f"{r}: {some(specs, 3)}" for r, specs in bad.items()]))
+
+    def problems(self, layers: dict[str, int], modes: dict[str, str] | None = None,
+                 top_k: dict[str, tuple[int, int]] | None = None) -> dict[str, list[str]]:
+        """What `validate` refuses: {reason: the specs it concerns}; empty when valid."""
         bad: dict[str, list[str]] = {}
 
         def say(reason: str, spec: str) -> None:
@@ -144,13 +153,16 @@ class Ablation:
             if m not in known:
                 say(f"not an ablation mode of this model (modes: {', '.join(known) or 'none'})", f"mode {m!r}")
         for kind, pairs in (("drop", self.drop), ("force", self.force)):
+            unknown: dict[str, list[int]] = {}  # one entry per layer, its options as ranges: "drop foo:0-15"
             for l, o in pairs:
                 if l != ALL_LAYERS and l not in layers:
-                    say(f"no such routing layer (layers: {some(list(layers))})", f"{kind} {l}:{o}")
+                    unknown.setdefault(l, []).append(o)
                     continue
                 n = min(layers.values()) if l == ALL_LAYERS and layers else layers.get(l, 0)
                 if not 0 <= o < n:
                     say(f"option out of range 0..{n - 1}", f"{kind} {l}:{o}")
+            for l, os_ in unknown.items():
+                say(f"no routing layer {l!r} (layers: {some(list(layers), 3)})", f"{kind} {l}:{ranges(os_)}")
         for l, n in layers.items():
             routes = sorted({o for fl, o in self.force if fl == l or fl == ALL_LAYERS})
             if len(routes) > 1:  # "*:0" and "parallel.0:1" both route parallel.0
@@ -160,8 +172,60 @@ class Ablation:
                 say("an option both forced and dropped", f"layer {l!r} option {self.forced(l)}")
             if len(self.dropped(l)) >= n:
                 say("every option of the layer dropped; at least one must remain", f"layer {l!r}")
-        if bad:
-            raise AblationError(summarised("invalid ablation", [f"{r}: {some(specs, 3)}" for r, specs in bad.items()]))
+                continue
+            k, routed = (top_k or {}).get(l, (0, n))
+            left = routed - sum(1 for o in self.dropped(l) if o < routed)
+            if self.forced(l) is None and left < k:  # its router would still pick a dropped option
+                say(f"fewer options left than the router picks per token (top-{k}); drop at most "
+                    f"{routed - k} or force one", f"layer {l!r} keeps {left} of {routed}")
+        return bad
+
+
+def applicable(drop: list[str] | tuple[str, ...] = (), force: list[str] | tuple[str, ...] = (),
+               modes: list[str] | tuple[str, ...] = (), *, layers: dict[str, int],
+               known_modes: dict[str, str] | None = None, top_k: dict[str, tuple[int, int]] | None = None,
+               usage: Usage | None = None, base: Ablation | None = None) -> tuple[Ablation, list[str]]:
+    """Each spec on its own: one that parses, resolves and, added to `base` and the specs applied
+    before it, leaves a valid ablation is applied; any other is left out. Returns the ablation of
+    `base` and the applied specs (their text in `specs`), and one line per spec left out: "SPEC:
+    reason" (`Ablation.parse` and `validate`, by contrast, refuse every spec for one bad one)."""
+    current = base or Ablation()
+    left_out: list[str] = []
+    items = [("drop", s) for s in drop] + [("force", s) for s in force] + [("mode", m) for m in modes]
+    for kind, spec in items:
+        text = str(spec).strip()
+        shown = text if kind == "drop" else f"{kind} {text}"
+        try:
+            if kind == "mode":
+                one = Ablation(modes=(text,), specs=(shown,))
+            else:
+                sel = parse_selector(text, kind)
+                if kind == "force" and (sel.invert or sel.top or len(sel.options) != 1):
+                    raise SpecError("force takes one option per layer (LAYER:OPTION)", text)
+                pairs = resolve([sel], kind, layers, usage)
+                one = Ablation(**{kind: pairs}, specs=(shown,))
+            merged = Ablation(drop=current.drop + one.drop, force=current.force + one.force,
+                              modes=current.modes + one.modes, specs=current.specs + one.specs)
+        except SpecError as e:
+            left_out.append(f"{shown}: {e.reason}")
+            continue
+        except AblationError as e:  # resolving (a glob that matches nothing, top N without counts), one route
+            left_out.append(f"{shown}: {_reason(str(e), text)}")
+            continue
+        before = current.problems(layers, known_modes, top_k)
+        new = [r for r, specs in merged.problems(layers, known_modes, top_k).items() if specs != before.get(r)]
+        if new:
+            left_out.append(f"{shown}: {'; '.join(new)}")
+            continue
+        current = merged
+    return current, left_out
+
+
+def _reason(message: str, text: str) -> str:
+    """An AblationError's message without the spec it ends with (the line names the spec first)."""
+    for tail in (f": drop {text!r}", f": force {text!r}"):
+        message = message.removesuffix(tail)
+    return message.removeprefix("force: ")
 
 
 NO_ABLATION = Ablation()

@@ -114,6 +114,11 @@ class RouteScopeLM(nn.Module):
         """Routing layer name -> the label of each option (0-based, as ablation specs count)."""
         return {name: m.option_labels() for name, m in self.routing_modules.items()}
 
+    def routing_top_k(self) -> dict[str, tuple[int, int]]:
+        """Routing layer name -> (k, n): its router picks k options for each token among its first n
+        (`RoutingLayer.top_k`, `n_routed`), for the layers whose router picks a fixed number."""
+        return {name: (m.top_k, m.n_routed) for name, m in self.routing_modules.items() if m.top_k}
+
     # --- roles: which site records what (`sites.ROLES`, `sites.OPTION_ROLES`) --------------------
     role_modules: dict[str, RoleLayer] | None = None  # set by _finalize; None: the routing layers are all (HF)
 
@@ -154,7 +159,7 @@ class RouteScopeLM(nn.Module):
             pad_mask = pad_mask.to(device)
         ablation = ablation or NO_ABLATION
         if not ablation.is_empty:
-            ablation.validate(self.routing_layers(), self.ablation_modes())
+            ablation.validate(self.routing_layers(), self.ablation_modes(), self.routing_top_k())
         if routing not in ROUTING_MODES:
             raise ValueError(f"routing = {routing!r}: expected one of {ROUTING_MODES}")
         options = self.check_options(options)
@@ -202,7 +207,7 @@ class RouteScopeLM(nn.Module):
         for a in set(rows):
             if a.modes or a.force:
                 raise ValueError(f"row_ablations drop options only; got {a.describe()}")
-            a.validate(self.routing_layers(), self.ablation_modes())
+            a.validate(self.routing_layers(), self.ablation_modes(), self.routing_top_k())
         return rows
 
     def check_options(self, options: dict) -> dict:

@@ -247,7 +247,7 @@ class MoE(RoutingLayer):
 
     def __init__(self, c: MoEPConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
-        self.config, self.out_dim, self.n_options = c, out_dim, c.n_experts
+        self.config, self.out_dim, self.n_options, self.top_k = c, out_dim, c.n_experts, c.expert_top_k
         # pre-norm like every GPT-2 sublayer: without it the signal through two multiplicative
         # (SwiGLU) width changes with no residual shrinks to ~1e-11 at init
         self.norm = nn.LayerNorm(in_dim, eps=1e-5, bias=c.ln_bias)
@@ -304,7 +304,7 @@ class ParallelLayer(RoutingLayer):
 
     def __init__(self, c: MoEPConfig) -> None:
         super().__init__()
-        self.config, self.n_options = c, c.n_blocks
+        self.config, self.n_options, self.top_k = c, c.n_blocks, c.top_k
         self.router = TopKRouter(c.d_par, c.n_blocks, c.top_k)
         self.blocks = nn.ModuleList(ParallelBlock(c.spec(c.d_par, c.n_par_heads)) for _ in range(c.n_blocks))
         self.combined = Site("[batch, pos, d_par] weighted sum of the selected blocks' outputs")

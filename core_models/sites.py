@@ -119,6 +119,9 @@ class RoutingLayer(RoleLayer):
     can_force: bool = False
     stochastic: bool = False
     n_options: int
+    # options a router picks for each token among the first `n_routed` (None: no fixed number, e.g. a
+    # weighted mix of every option or one sampled path); `Ablation.validate` keeps at least this many
+    top_k: int | None = None
     # the generic role by default (a family without analyses of its own records it)
     role_sites: ClassVar[dict[str, str]] = {OPTION_WEIGHTS: OPTION_WEIGHTS}
 

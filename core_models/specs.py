@@ -106,7 +106,7 @@ def _targets(sel: Selector, kind: str, layers: dict[str, int] | None) -> list[st
     if _GLOB.search(sel.layer):
         found = [l for l in layers if fnmatch.fnmatchcase(l, sel.layer)]
         if not found:
-            raise AblationError(f"no routing layer matches {sel.layer!r} (layers: {some(list(layers))}): "
+            raise AblationError(f"no routing layer matches {sel.layer!r} (layers: {some(list(layers), 3)}): "
                                 f"{kind} {sel.text!r}")
         return found
     return [sel.layer]
