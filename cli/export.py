@@ -10,7 +10,7 @@ finished; Parquet files record the export's provenance.
 
 --engine ray (the `distributed` extra) runs the same rows on a Ray cluster instead of this process:
 --out is then a directory (or fsspec URL) that receives a partitioned Parquet dataset, and
---prompts may also be .jsonl or .parquet, local or any fsspec URL (analysis.distributed).
+--prompts may also be .jsonl or .parquet, local or any fsspec URL (analysis.export.ray_prompts).
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_ray(args: argparse.Namespace, job) -> int:
-    """--engine ray: analysis.distributed.export_ray over a Ray cluster (RAY_ADDRESS) or a local one."""
+    """--engine ray: analysis.export.ray_export.export_ray over a Ray cluster (RAY_ADDRESS) or a local one."""
     if args.shard:
         raise ValueError("--shard: not with --engine ray (Ray partitions the prompts itself; see --partition-size)")
     if len(args.out) != 1:
@@ -149,11 +149,11 @@ def run_ray(args: argparse.Namespace, job) -> int:
         import ray  # noqa: F401  (only to say what is missing before any work)
     except ImportError:
         raise ValueError("--engine ray needs Ray: pip install 'routescope[distributed]'") from None
-    from routescope.analysis import distributed
+    from routescope.analysis.export import ray_export
 
-    source = distributed.PromptSource(texts=tuple(args.prompt)) if args.prompt else \
-        distributed.PromptSource(path=args.prompts)
-    summary = distributed.export_ray(args.checkpoint, source, args.out[0], job, workers=args.workers,
+    source = ray_export.PromptSource(texts=tuple(args.prompt)) if args.prompt else \
+        ray_export.PromptSource(path=args.prompts)
+    summary = ray_export.export_ray(args.checkpoint, source, args.out[0], job, workers=args.workers,
                                      partition_size=args.partition_size, threads=args.threads_per_worker,
                                      device=args.device, dtype=args.dtype, progress=not args.quiet)
     sys.stderr.write(summary.describe() + "\n")

@@ -1,7 +1,7 @@
 """The export loop: prompts -> token ids -> batched traced forwards -> export rows.
 
 Both engines of `routescope export` run it: the embedded single process (cli/export.py) over all
-prompts, and each Ray worker (analysis/distributed.py) over its partitions, so a prompt's rows do
+prompts, and each Ray worker (analysis/export/ray_export.py) over its partitions, so a prompt's rows do
 not depend on the engine. `ExportJob` holds everything the rows depend on besides the model and the
 prompt; `provenance` is what the Parquet files record about how they were made.
 
@@ -24,10 +24,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
+import torch
+
+from routescope.core_models.checkpoint import weight_files
+from routescope.core_models.generate import Sampling, generate
+from routescope.core_models.trace import tracing
 
 from routescope.analysis.export import columns as C
+from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
+from routescope.analysis.runs.usage import ablation_for
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ExportJob:
@@ -64,8 +72,6 @@ class ExportJob:
         """The job's Ablation, resolved and checked against the model's routing layers and ablation
         modes (`analysis.runs.usage.ablation_for`); `run_ids()`: the token ids "top N" specs rank options
         over (the export's prompts; None: such a spec is refused)."""
-        from routescope.analysis.runs.usage import ablation_for
-
         if not model.routing_layers():
             raise ValueError(f"family {model.config.family!r} has no routing layers to export")
         return ablation_for(model, self.drop, self.force, self.modes, run_ids=run_ids)
@@ -94,11 +100,6 @@ def encode_prompts(tok: Any, prompts: Iterable[tuple[str, str]], context: int, j
 
 def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> Iterator[pd.DataFrame]:
     """Prompt-only rows of one batch (module doc: padding, and when prompts run alone)."""
-    import torch
-
-    from routescope.core_models import tracing
-    from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
-
     options = job.model_options(model)
     declared = model.run_options()
     # sampled routing draws per row; an option over the whole sequence (token merging) must not see padding
@@ -122,9 +123,6 @@ def _prompt_batch(model, batch, decode, ablation, job: ExportJob, name: str) -> 
 
 
 def _generation(model, pid, ids, decode, ablation, job: ExportJob, name: str) -> pd.DataFrame:
-    from routescope.core_models.generate import Sampling, generate
-    from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
-
     g = generate(model, ids, max_new_tokens=job.max_new_tokens, sampling=Sampling(seed=job.seed), top_n=1,
                  ablation=ablation, routing=job.routing, routing_seed=job.seed, trace_sites=None)
     for note in g.notes:
@@ -213,8 +211,6 @@ def cached_sha256(path: Path) -> str:
 def weights_sha256(checkpoint: str | Path) -> str:
     """The sha256 of a checkpoint's weights: of its one weight file, or over a sharded model's files
     in name order (each file's name and digest)."""
-    from routescope.core_models.checkpoint import weight_files
-
     files = weight_files(checkpoint)
     if len(files) == 1:
         return cached_sha256(Path(files[0]))

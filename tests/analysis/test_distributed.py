@@ -18,11 +18,13 @@ import pytest
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.export.batch import ExportJob
+from routescope.analysis.export.ray_output import read_dataset
 from routescope.analysis.export.tables import read_parquet, read_provenance
+from routescope.analysis.ray_cluster import LOCAL_OBJECT_STORE
 from procs import running, wait_gone
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[distributed]' (the distributed extra)")
-from routescope.analysis import distributed as D  # noqa: E402  (after the skip: the module needs ray at run time only)
+from routescope.analysis.export import ray_export as D  # noqa: E402  (after the skip: the module needs ray at run time only)
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +46,7 @@ def cluster(tmp_path_factory):
     os.environ[TOKEN], os.environ[D.CRASH_ONCE_ENV] = token, str(flag)
     tmp = tempfile.mkdtemp(prefix="rs-ray-test-")
     try:
-        ray.init(num_cpus=3, include_dashboard=False, object_store_memory=D.LOCAL_OBJECT_STORE, _temp_dir=tmp,
+        ray.init(num_cpus=3, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE, _temp_dir=tmp,
                  logging_level="WARNING")
         yield flag
     finally:
@@ -98,7 +100,7 @@ def test_two_workers_write_the_single_process_export_row_for_row(cluster, checkp
                           "part-000000008-000000011.parquet"]
     assert (out / "_SUCCESS").is_file() and len(list((out / "_done").iterdir())) == 3
     want = read_parquet(single)
-    assert_rows_equal(D.read_dataset(str(out)), want)
+    assert_rows_equal(read_dataset(str(out)), want)
     assert s.rows == len(want)
     # a partition holds exactly its prompts: the 2nd has the 5th..8th prompts of the file
     ids = read_parquet(out / parts(out)[1])[C.PROMPT_ID].unique().tolist()
@@ -127,7 +129,7 @@ def test_a_rerun_skips_finished_partitions(cluster, checkpoint, prompt_file, sin
     assert (out / "part-000000004-000000008.parquet").stat().st_mtime_ns == stamps["part-000000004-000000008.parquet"]
     assert again.rows == first.rows - sum(s["rows"] for s in first.partition_stats
                                           if s["partition"] == "part-000000004-000000008.parquet")
-    assert_rows_equal(D.read_dataset(str(out)), read_parquet(single))
+    assert_rows_equal(read_dataset(str(out)), read_parquet(single))
     # nothing left to do: no worker starts, nothing is rewritten
     stamps = {n: (out / n).stat().st_mtime_ns for n in parts(out)}
     done = D.export_ray(ck, src, str(out), JOB, workers=2, partition_size=4, device="cpu", progress=False)
@@ -165,7 +167,7 @@ def test_a_worker_dying_mid_partition_is_restarted_and_its_partition_redone(clus
                      partition_size=4, device="cpu", progress=False)
     assert not cluster.exists() and cluster.with_name(cluster.name + ".claimed").exists()  # it did die
     assert s.skipped == 0 and len(s.partition_stats) == 3
-    assert_rows_equal(D.read_dataset(str(out)), read_parquet(single))
+    assert_rows_equal(read_dataset(str(out)), read_parquet(single))
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no half-written file left
 
 
@@ -191,7 +193,7 @@ def test_jsonl_and_parquet_prompts_read_as_the_single_process_reads_a_tsv(cluste
         out = tmp_path / f"ds-{Path(src).suffix[1:]}"
         D.export_ray(ck, D.PromptSource(path=src), str(out), JOB, workers=2, partition_size=4, device="cpu",
                      progress=False)
-        assert_rows_equal(D.read_dataset(str(out)), read_parquet(want))
+        assert_rows_equal(read_dataset(str(out)), read_parquet(want))
 
 
 def test_parquet_prompts_without_ids_are_numbered_like_command_line_prompts(cluster, checkpoint, tmp_path):
@@ -206,7 +208,7 @@ def test_parquet_prompts_without_ids_are_numbered_like_command_line_prompts(clus
     pd.DataFrame({"prompt": texts, "other": [1, 2, 3]}).to_parquet(src)
     out = tmp_path / "ds"
     D.export_ray(ck, D.PromptSource(path=str(src)), str(out), JOB, workers=1, partition_size=2, progress=False)
-    assert_rows_equal(D.read_dataset(str(out)), read_parquet(want))
+    assert_rows_equal(read_dataset(str(out)), read_parquet(want))
 
 
 @pytest.mark.parametrize("make, words", [
@@ -254,7 +256,7 @@ def test_the_command_starts_a_local_cluster_and_stops_every_process_it_started(c
         _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     assert f"for {N} prompts in 3 partition(s) to {out}" in err
-    assert_rows_equal(D.read_dataset(str(out)), read_parquet(single))
+    assert_rows_equal(read_dataset(str(out)), read_parquet(single))
     assert wait_gone(TOKEN, token) == []
 
 
@@ -277,4 +279,4 @@ def test_a_hugging_face_moe_model_exports_on_ray_as_in_one_process(cluster, toke
                      device="cpu", progress=False)
     want = read_parquet(single_out)
     assert s.prompts == N and set(want[C.FAMILY]) == {"mixtral"}
-    assert_rows_equal(D.read_dataset(str(out)), want)
+    assert_rows_equal(read_dataset(str(out)), want)

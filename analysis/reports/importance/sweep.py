@@ -152,8 +152,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     passes = 1 + bool(prune_n)
     total = passes * len(tokens.ids)
     usage = Usage(run_model, scope)
-    key_parts = {"weights": weights_sha256, "data": data.digest, "settings": {k: v for k, v in asdict(settings).items() if k != "method"},
-                 "model": model.config.label}
+    key_parts = {"weights": weights_sha256, "data": data.digest, "model": model.config.label,
+                 "settings": {k: v for k, v in asdict(settings).items() if k != "method"}}
     key = cache_key({**key_parts, "ablations": [a.describe() for a in ablations]})
     cache = cache_dir / f"effects-{key}.safetensors" if cache_dir is not None and weights_sha256 else None
     usage_done: list[bool] = []
