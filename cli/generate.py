@@ -29,7 +29,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from routescope.core_models.generate import Sampling, generate
     from routescope.analysis.runs.usage import ablation_for
-    from routescope.rendering.figures import format_prob  # the app's: small candidates keep their digits
+    from routescope.rendering.style import format_prob  # the app's: small candidates keep their digits
 
     model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     vocab = model.config.vocab_size

@@ -15,7 +15,8 @@ from routescope.analysis.corpus import stats as S
 
 from routescope.analysis.runs.routing import MANY_OPTIONS
 
-from routescope.rendering.figures import PALETTE, layer_menu_heatmaps, show_token, utilisation_heatmap
+from routescope.rendering.style import PALETTE, show_token
+from routescope.rendering.route_heatmaps import layer_menu_heatmaps, utilisation_heatmap
 
 TOP_TRANSITIONS = 20  # per pair of adjacent layers, with many options
 

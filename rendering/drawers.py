@@ -25,11 +25,13 @@ from routescope.analysis.runs.families import View
 from routescope.analysis.runs.routing import DEAD_FRACTION, MANY_OPTIONS, OVERLOAD_FACTOR, option_names
 
 from routescope.rendering import corpus_figures as CF
-from routescope.rendering import figures as F
+from routescope.rendering import style as ST
+from routescope.rendering import route_heatmaps as RH
+from routescope.rendering import bar_figures as BF
 
 COSELECTED_TOP = 20  # pairs shown per layer when a layer has many options
 
-Piece = Union[F.ChoiceGrid, go.Figure, pd.DataFrame]
+Piece = Union[RH.ChoiceGrid, go.Figure, pd.DataFrame]
 
 
 @dataclass(frozen=True)
@@ -47,19 +49,19 @@ Drawer = Callable[[str, View, DrawContext], dict[str, Piece]]  # (view name, vie
 
 def _option_weights(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     """The option with the largest weight per token, and each layer's weights per option."""
-    out: dict[str, Piece] = {"option_choice": F.choice_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+    out: dict[str, Piece] = {"option_choice": RH.choice_grid(view.frame, ctx.tokens, dict(ctx.labels))}
     for layer, names in ctx.labels.items():
         if view.frame[C.LAYER].eq(layer).any() and len(names) > 1:
-            out[f"option_weights_{layer}"] = F.option_weights_figure(view.frame, layer, ctx.tokens, ctx.n_prompt)
+            out[f"option_weights_{layer}"] = RH.option_weights_figure(view.frame, layer, ctx.tokens, ctx.n_prompt)
     return out
 
 
 def gumbel_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: F.gumbel_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+    return {name: RH.gumbel_grid(view.frame, ctx.tokens, dict(ctx.labels))}
 
 
 def cosine_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: F.cosine_grid(view.frame, ctx.tokens, dict(ctx.labels))} if len(view.frame) else {}
+    return {name: RH.cosine_grid(view.frame, ctx.tokens, dict(ctx.labels))} if len(view.frame) else {}
 
 
 def _many(ctx: DrawContext) -> bool:
@@ -69,11 +71,11 @@ def _many(ctx: DrawContext) -> bool:
 def topk_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     """The first choice per token in its option's colour; with many options none (colours cannot tell
     them apart: `topk_matrix` draws the view of every option's probability instead)."""
-    return {} if _many(ctx) else {name: F.topk_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+    return {} if _many(ctx) else {name: RH.topk_grid(view.frame, ctx.tokens, dict(ctx.labels))}
 
 
 def topk_matrix(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: F.expert_matrix_figure(view.frame, ctx.tokens, ctx.n_prompt, ctx.labels)}
+    return {name: RH.expert_matrix_figure(view.frame, ctx.tokens, ctx.n_prompt, ctx.labels)}
 
 
 def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
@@ -83,15 +85,15 @@ def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     if _many(ctx):  # thousands of bars would carry no meaning: a layer x option heatmap, flags marked
         mean = u.groupby(C.LAYER)[C.COUNT].transform("mean")
         flags = {"dead": u[C.COUNT] < DEAD_FRACTION * mean, "overloaded": u[C.COUNT] > OVERLOAD_FACTOR * mean}
-        return {name: F.utilisation_heatmap(u, ctx.labels, "Utilisation in this run: share of tokens selecting each "
+        return {name: RH.utilisation_heatmap(u, ctx.labels, "Utilisation in this run: share of tokens selecting each "
                                             "option (✕ dead: unused, ▲ overloaded: > 2x the mean)", C.SHARE, flags)}
     layers = [l for l in ctx.labels if u[C.LAYER].eq(l).any()]  # depth order: the model's routing layers
     layers += [l for l in dict.fromkeys(u[C.LAYER]) if l not in layers]
     names = option_names(dict(ctx.labels), [l for l in layers if l in ctx.labels])
     u = u.assign(**{C.LABEL: [ctx.labels[l][o] for l, o in zip(u[C.LAYER], u[C.OPTION])],
                     "option_name": [names[o] for o in u[C.OPTION]]}).sort_values(C.OPTION, kind="stable")
-    colors = {names[o]: F.PALETTE[o % len(F.PALETTE)] for o in u[C.OPTION].unique()}  # colour = option, as everywhere
-    fig = F.grouped_bars(u, C.LAYER, C.SHARE, "option_name", "Utilisation: share of tokens selecting each option",
+    colors = {names[o]: ST.PALETTE[o % len(ST.PALETTE)] for o in u[C.OPTION].unique()}  # colour = option, as everywhere
+    fig = BF.grouped_bars(u, C.LAYER, C.SHARE, "option_name", "Utilisation: share of tokens selecting each option",
                          y_title="share of tokens", hover=C.LABEL, colors=colors, x_title="routing layer")
     fig.update_xaxes(categoryarray=layers)
     return {name: fig}
@@ -114,32 +116,32 @@ def pgpt_paths(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     (layer,) = set(p[C.LAYER])
     names = ctx.labels[layer]
     return {
-        "pgpt_weights": F.bar_figure([names[o] for o in w[C.OPTION]], list(w[C.WEIGHT]),
+        "pgpt_weights": BF.bar_figure([names[o] for o in w[C.OPTION]], list(w[C.WEIGHT]),
                                      "Path weights in this call (renormalised over the paths that run)"),
-        "pgpt_contribution": F.share_figure(
+        "pgpt_contribution": RH.share_figure(
             p, ctx.tokens, C.SHARE, 0, f"Per-token contribution of {names[0]} (norm share of the weighted output)",
             lambda r: f"{names[r.option]}: share {r.share:.1%} (w {r.weight:.3f})", ctx.n_prompt)}
 
 
 def dsff_gate(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: F.gate_figure(view.frame, ctx.tokens, ctx.n_prompt)}
+    return {name: RH.gate_figure(view.frame, ctx.tokens, ctx.n_prompt)}
 
 
 def gcla_beta(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     g = view.frame
-    return {name: F.bar_figure(list(g[C.LAYER]), list(g[C.BETA]), "GCLA beta = sigmoid(phi) per layer")}
+    return {name: BF.bar_figure(list(g[C.LAYER]), list(g[C.BETA]), "GCLA beta = sigmoid(phi) per layer")}
 
 
 def atm_merges(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: F.atm_figure(view.frame, ctx.tokens, view.params["tau"], ctx.n_prompt)}
+    return {name: RH.atm_figure(view.frame, ctx.tokens, view.params["tau"], ctx.n_prompt)}
 
 
 def pagmlp_pathways(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     p = view.frame
     s = p.drop_duplicates([C.LAYER, C.OPTION])
     return {
-        "pagmlp_scales": F.grouped_bars(s, C.LAYER, C.SCALE, C.LABEL, "PAGMLP alpha (SwiGLU) and beta (GEGLU)"),
-        "pagmlp_share": F.share_figure(p, ctx.tokens, C.SHARE, 0, "SwiGLU pathway's share of the FFN output norm per token",
+        "pagmlp_scales": BF.grouped_bars(s, C.LAYER, C.SCALE, C.LABEL, "PAGMLP alpha (SwiGLU) and beta (GEGLU)"),
+        "pagmlp_share": RH.share_figure(p, ctx.tokens, C.SHARE, 0, "SwiGLU pathway's share of the FFN output norm per token",
                                        lambda r: f"{r.label}: share {r.share:.1%}, |out| {r.out_norm:.3f}", ctx.n_prompt)}
 
 
@@ -261,14 +263,14 @@ def run_figures(pieces: Mapping[str, Piece], *, stacked: bool, stacked_name: str
     """The figures of drawn pieces: choice grids one figure each, or with `stacked` (and more than
     one) the rows of one figure `stacked_name`; tables left out. `meta` (which run a figure shows)
     is kept in every figure's layout."""
-    grids = {n: p for n, p in pieces.items() if isinstance(p, F.ChoiceGrid)}
+    grids = {n: p for n, p in pieces.items() if isinstance(p, RH.ChoiceGrid)}
     figs: dict[str, go.Figure] = {}
     if stacked and len(grids) > 1:
-        figs[stacked_name] = F.stacked_choice_heatmaps(list(grids.values()), tokens, n_prompt)
+        figs[stacked_name] = RH.stacked_choice_heatmaps(list(grids.values()), tokens, n_prompt)
     else:
-        figs.update({n: F.choice_heatmap(g, tokens, n_prompt) for n, g in grids.items()})
+        figs.update({n: RH.choice_heatmap(g, tokens, n_prompt) for n, g in grids.items()})
     figs.update({n: p for n, p in pieces.items() if isinstance(p, go.Figure)})
-    F.align_token_charts(figs.values())
+    ST.align_token_charts(figs.values())
     for fig in figs.values():
         fig.update_layout(meta=dict(meta))
     return figs

@@ -11,7 +11,8 @@ import re
 
 from routescope.analysis.export.html_safe import text
 
-from routescope.rendering.figures import PALETTE, ChoiceGrid, show_token
+from routescope.rendering.style import PALETTE, show_token
+from routescope.rendering.route_heatmaps import ChoiceGrid
 
 # Streamlit's Markdown styles tables: these rules override them (!important) inside .rs-grid only
 CSS = """<style>

@@ -7,7 +7,7 @@ import pandas as pd
 
 from routescope.analysis.export import columns as C
 
-from routescope.rendering.figures import format_prob, show_token
+from routescope.rendering.style import format_prob, show_token
 
 CSS = """
 <style>

@@ -83,9 +83,9 @@ def views(trace, model, **kw):
 
 
 def draw_tokens(name, view, ctx):
-    from routescope.rendering import figures as F
+    from routescope.rendering import bar_figures as BF
 
-    return {name: F.bar_figure(list(view.frame["layer"]), list(view.frame["tokens"]), "Lane plugin: tokens per layer")}
+    return {name: BF.bar_figure(list(view.frame["layer"]), list(view.frame["tokens"]), "Lane plugin: tokens per layer")}
 
 
 def lanes_page(model, path, mtime, ablation, described):

@@ -12,7 +12,8 @@ from routescope.analysis.runs.session import Run, decode_tokens
 
 from routescope.app import resources
 from routescope.app import state as K
-from routescope.rendering.figures import TOKEN_WINDOW, attribution_figure, path_effects_figure, show_token
+from routescope.rendering.style import TOKEN_WINDOW, show_token
+from routescope.rendering.bar_figures import attribution_figure, path_effects_figure
 from routescope.app.views.export import figure_html
 
 METHODS = {"integrated gradients (input tokens)": "ig", "exact ablation (paths)": "ablation",

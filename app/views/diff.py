@@ -13,7 +13,8 @@ from routescope.analysis.export import columns as C
 from routescope.analysis.runs.effects import first_divergence, generation_diff
 from routescope.analysis.runs.session import Run
 
-from routescope.rendering.figures import DIVIDER_LEGEND, TOKEN_WINDOW, kl_figure
+from routescope.rendering.style import DIVIDER_LEGEND, TOKEN_WINDOW
+from routescope.rendering.bar_figures import kl_figure
 from routescope.rendering.tokens import DIFF_LEGEND, diff_html
 
 

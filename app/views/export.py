@@ -19,7 +19,7 @@ from routescope.analysis.export.tables import frame_csv_bytes
 from routescope.analysis.export.plotly_bundle import figure_page
 from routescope.analysis.runs.session import Run, candidates_table, provenance
 
-from routescope.rendering.figures import titled_for_export
+from routescope.rendering.style import titled_for_export
 
 
 def _stem(run: Run) -> str:

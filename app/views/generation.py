@@ -7,7 +7,8 @@ import streamlit as st
 from routescope.analysis.runs.session import Run, candidates_table, decode_tokens
 
 from routescope.app import state as K
-from routescope.rendering.figures import candidates_figure, format_prob, show_token
+from routescope.rendering.style import format_prob, show_token
+from routescope.rendering.bar_figures import candidates_figure
 from routescope.rendering.tokens import LEGEND, generation_html
 
 

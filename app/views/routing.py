@@ -13,7 +13,8 @@ from routescope.analysis.runs.session import Run
 from routescope.core_models.base import RouteScopeLM
 
 from routescope.rendering import drawers as D
-from routescope.rendering import figures as F
+from routescope.rendering import style as ST
+from routescope.rendering import route_heatmaps as RH
 
 STACKED = D.STACKED
 CHARTS_LEGEND = ("Interactive charts: drag to pan along the tokens, double-click for all of them, hover for the "
@@ -27,7 +28,7 @@ class Drawn:
     figures: dict[str, go.Figure]
     tables: dict[str, pd.DataFrame]
     notes: list[str]
-    grids: list[F.ChoiceGrid]  # the choice heatmaps' data (the route grid paints them before plotly)
+    grids: list[RH.ChoiceGrid]  # the choice heatmaps' data (the route grid paints them before plotly)
 
 
 def drawn(run: Run, model: RouteScopeLM, *, stacked: bool = False) -> Drawn:
@@ -36,7 +37,7 @@ def drawn(run: Run, model: RouteScopeLM, *, stacked: bool = False) -> Drawn:
     view draws that; the export tab offers each alone)."""
     pieces = D.run_pieces(run, model)  # drawn once: the figures and the route grid share them
     figs, tables = D.draw_run(run, model, stacked=stacked, pieces=pieces)
-    return Drawn(figs, tables, D.notes(run.views), [p for p in pieces.values() if isinstance(p, F.ChoiceGrid)])
+    return Drawn(figs, tables, D.notes(run.views), [p for p in pieces.values() if isinstance(p, RH.ChoiceGrid)])
 
 
 def show(run: Run, d: Drawn) -> Drawn:
@@ -44,8 +45,8 @@ def show(run: Run, d: Drawn) -> Drawn:
     if not d.figures and not d.tables:
         st.info(f"{run.family} has no routing to show: it is a dense model, or its routing layers record "
                 f"nothing this view can draw.")
-    elif any(F.has_divider(fig) for fig in d.figures.values()):
-        st.caption(CHARTS_LEGEND + " " + F.DIVIDER_LEGEND)
+    elif any(ST.has_divider(fig) for fig in d.figures.values()):
+        st.caption(CHARTS_LEGEND + " " + ST.DIVIDER_LEGEND)
     for name, fig in d.figures.items():
         st.plotly_chart(fig, key=f"fig_{name}", width="stretch")
     for name, table in d.tables.items():

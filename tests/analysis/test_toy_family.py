@@ -117,14 +117,14 @@ def toy_views(trace, model, **kw):
 
 
 def draw_entropy(name, view, ctx):
-    from routescope.rendering import figures as F
+    from routescope.rendering import route_heatmaps as RH
 
     v = view.frame[view.frame[C.BATCH] == 0]
     layers = sorted(set(v[C.LAYER]))
     z = np.full((len(layers), len(ctx.tokens)), np.nan)
     z[v[C.LAYER].map(layers.index).to_numpy(), v[C.POSITION].to_numpy()] = v[ENTROPY].to_numpy()
     hover = np.full(z.shape, "", dtype=object)
-    return {name: F.value_heatmap(z, hover, layers, ctx.tokens, "Lane entropy per token (nats)", ctx.n_prompt)}
+    return {name: RH.value_heatmap(z, hover, layers, ctx.tokens, "Lane entropy per token (nats)", ctx.n_prompt)}
 
 
 @pytest.fixture

@@ -233,7 +233,7 @@ def test_route_grid_cells_are_the_runs_choices():
     the option the run's view selected there (white: none)."""
     import re
 
-    from routescope.rendering.figures import PALETTE
+    from routescope.rendering.style import PALETTE
 
     at = AppTest.from_file(APP, default_timeout=180)
     at.run()

@@ -9,10 +9,10 @@ import pytest
 from routescope.analysis.runs.routing import option_names
 from routescope.analysis.runs.session import RunSettings, run_prompt
 from routescope.rendering import drawers as D
-from routescope.rendering.figures import (DIVIDER, LABEL_CHARS, PALETTE, ROW_PX, TOKEN_WINDOW, ChoiceGrid,
-                                               candidates_figure, choice_heatmap, has_divider, is_token_chart,
-                                               kl_figure, show_token, stacked_choice_heatmaps, titled_for_export,
-                                               token_ticks)
+from routescope.rendering.style import (DIVIDER, LABEL_CHARS, PALETTE, ROW_PX, TOKEN_WINDOW, has_divider,
+                                        is_token_chart, show_token, titled_for_export, token_ticks)
+from routescope.rendering.route_heatmaps import ChoiceGrid, choice_heatmap, stacked_choice_heatmaps
+from routescope.rendering.bar_figures import candidates_figure, kl_figure
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import load_checkpoint
 

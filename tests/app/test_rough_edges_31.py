@@ -22,10 +22,10 @@ from routescope.analysis.runs.attribution import DELTA_SHARE, judge_convergence
 from routescope.analysis.corpus.columns import flags_first, shown_compare
 from routescope.app import state as K
 from routescope.rendering import corpus_figures as CF
-from routescope.rendering.figures import (DIVIDER, NEGATIVE, POSITIVE, TOKEN_WINDOW, ChoiceGrid,
-                                               attribution_figure, axis_ticks, format_prob, kl_figure,
-                                               path_effects_figure, stacked_choice_heatmaps, titled_for_export,
-                                               token_label)
+from routescope.rendering.style import (DIVIDER, NEGATIVE, POSITIVE, TOKEN_WINDOW, axis_ticks, format_prob,
+                                        titled_for_export, token_label)
+from routescope.rendering.route_heatmaps import ChoiceGrid, stacked_choice_heatmaps
+from routescope.rendering.bar_figures import attribution_figure, kl_figure, path_effects_figure
 from routescope.rendering.route_grid import route_grid_html
 from app_driver import fresh, pick, view
 

@@ -371,7 +371,7 @@ def _assert_ticks_readable(chart: dict, labels: list[str]) -> None:
 def test_issue23_charts_rows_ticks_and_divider(app_url, browser):
     from tokenizers import Tokenizer
 
-    from routescope.rendering.figures import TOKEN_WINDOW
+    from routescope.rendering.style import TOKEN_WINDOW
     from routescope.core_models.checkpoint import load_checkpoint
 
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -390,7 +390,7 @@ def test_issue23_charts_rows_ticks_and_divider(app_url, browser):
     assert util["legend"][0] == "expert 0 / block 0"  # the heatmap's own option names
     # every token ticked (9 prompt + 24 generated tokens: under the window, all of them shown), the
     # prompt's ticks being its tokens as the tokenizer splits them
-    from routescope.rendering.figures import token_label
+    from routescope.rendering.style import token_label
 
     tok = Tokenizer.from_file(str(ROOT / "checkpoints" / "tokenizer.json"))
     prompt = [tok.decode([i]) for i in tok.encode(DEFAULT_PROMPT).ids]

@@ -63,7 +63,7 @@ def pages(tmp_path_factory) -> dict[str, Path]:
                  "--min-count", "1"]) == 0
     report = d / "r.html"
     assert main(["report", str(ck), "--out", str(report), "--docs", "1", "--seq-len", "24", "--min-count", "1"]) == 0
-    from routescope.rendering.figures import ChoiceGrid
+    from routescope.rendering.route_heatmaps import ChoiceGrid
     from routescope.rendering.route_grid import CSS, route_grid_html
     from routescope.app.views.export import figure_html
     import plotly.graph_objects as go

@@ -1,0 +1,310 @@
+"""Route heatmaps (no Streamlit here): a routing layer's choices, weights, shares, gates and cosines
+per layer and token, drawn from the analysis tables, and layer x option heatmaps for many options
+(an expert matrix, utilisation) with a layer dropdown. Colours and the token axis: `style`."""
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs.routing import option_names
+
+from routescope.rendering.style import (HIGH_IS_BLUE, HIGHLIGHT, PALETTE, fixed_margins, heatmap_height, layer_menu,
+                                        rows_top_down, show_token, title_layout, token_axis, total_height)
+
+def _discrete_scale(n: int) -> list[list]:
+    cols = [PALETTE[i % len(PALETTE)] for i in range(n)]
+    scale = []
+    for i, c in enumerate(cols):
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    return scale
+
+
+@dataclass(frozen=True)
+class ChoiceGrid:
+    """A discrete choice (path / block / expert) per layer and token, ready to draw: `z[layer, pos]`
+    the option index (NaN: none), `hover` its text, `labels` the colour bar's option names."""
+    z: np.ndarray  # (n_layers, T)
+    hover: np.ndarray  # (n_layers, T) str
+    layers: list[str]
+    labels: list[str]
+    title: str
+
+
+def _choice_trace(g: ChoiceGrid, n: int, tokens: list[str], **kw) -> go.Heatmap:
+    """Option j is PALETTE[j] for any n >= number of options, so stacked grids share one colour bar."""
+    return go.Heatmap(z=g.z, x=list(range(len(tokens))), y=g.layers, customdata=g.hover,
+                      hovertemplate="%{customdata}<extra></extra>", colorscale=_discrete_scale(n), zmin=-0.5,
+                      zmax=n - 0.5, xgap=1, ygap=1, **kw)
+
+
+def _colorbar(labels: list[str]) -> dict:
+    return dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels, title="")
+
+
+def choice_heatmap(g: ChoiceGrid, tokens: list[str], n_prompt: int | None = None) -> go.Figure:
+    """Layer x token heatmap of a discrete choice, hover with details."""
+    n = max(1, len(g.labels))
+    fig = go.Figure(_choice_trace(g, n, tokens, colorbar=_colorbar(g.labels)))
+    token_axis(fig, tokens, n_prompt)
+    title_layout(fig, g.title, len(g.layers))
+    rows_top_down(fig)
+    fixed_margins(fig, g.layers)
+    total_height(fig, heatmap_height(len(g.layers)))
+    return fig
+
+
+STACK_GAP = 48  # px between stacked rows: the next row's title
+
+
+def stacked_choice_heatmaps(grids: list[ChoiceGrid], tokens: list[str], n_prompt: int | None = None) -> go.Figure:
+    """Several choice grids of one run as the rows of one figure: a shared token axis, one colour bar
+    (the grid with the most options names them). One chart instead of several is also about 100 ms
+    less per update in the browser, where Streamlit mounts and lays out every chart on its own."""
+    widest = max(grids, key=lambda g: len(g.labels))
+    n = max(1, len(widest.labels))
+    heights = [heatmap_height(len(g.layers)) for g in grids]
+    plot_px = sum(heights) + STACK_GAP * (len(grids) - 1)
+    fig = make_subplots(rows=len(grids), cols=1, shared_xaxes=True, vertical_spacing=STACK_GAP / plot_px,
+                        subplot_titles=[g.title for g in grids], row_heights=heights)
+    for row, g in enumerate(grids, start=1):
+        fig.add_trace(_choice_trace(g, n, tokens, showscale=g is widest, colorbar=_colorbar(widest.labels)),
+                      row=row, col=1)
+    fig.update_annotations(x=0, xanchor="left", font=dict(size=15, color=HIGHLIGHT))  # row titles: left, like a title
+    token_axis(fig, tokens, n_prompt, rows=len(grids))
+    fig.update_layout(plot_bgcolor="white")
+    rows_top_down(fig)
+    fixed_margins(fig, [l for g in grids for l in g.layers])
+    total_height(fig, plot_px)
+    return fig
+
+
+def value_heatmap(z: np.ndarray, hover: np.ndarray, layers: list[str], tokens: list[str], title: str,
+                  n_prompt: int | None = None, zmin: float | None = None, zmax: float | None = None,
+                  colorscale: str = "Viridis", colorbar_title: str = "") -> go.Figure:
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(len(tokens))), y=layers, customdata=hover,
+                               hovertemplate="%{customdata}<extra></extra>", colorscale=colorscale, zmin=zmin,
+                               zmax=zmax, xgap=1, ygap=1, colorbar=dict(title=colorbar_title)))
+    token_axis(fig, tokens, n_prompt)
+    title_layout(fig, title, len(layers))
+    rows_top_down(fig)
+    fixed_margins(fig, [str(l) for l in layers])
+    total_height(fig, heatmap_height(len(layers)))
+    return fig
+
+
+def _grid(df: pd.DataFrame, value: str, layers: list[str], T: int, fill=np.nan) -> np.ndarray:
+    z = np.full((len(layers), T), fill, dtype=float)
+    li = {l: i for i, l in enumerate(layers)}
+    z[df[C.LAYER].map(li).to_numpy(), df[C.POSITION].to_numpy()] = df[value].to_numpy(dtype=float)
+    return z
+
+
+def _hover(df: pd.DataFrame, layers: list[str], T: int, tokens: list[str], line) -> np.ndarray:
+    """Hover text per (layer, position): token, layer, then one line per option row."""
+    out = np.full((len(layers), T), "", dtype=object)
+    li = {l: i for i, l in enumerate(layers)}
+    lines: dict[tuple[int, int], list[str]] = {}
+    for r in df.itertuples(index=False):  # one pass over all rows (per-group iteration is ~50x slower)
+        lines.setdefault((li[r.layer], int(r.position)), []).append(line(r))
+    shown = [html.escape(show_token(t)) for t in tokens]
+    for (i, pos), ls in lines.items():
+        out[i, pos] = f"<b>{shown[pos]}</b> (pos {pos})<br>{layers[i]}<br>" + "<br>".join(ls)
+    return out
+
+
+def _layers(df: pd.DataFrame, depth: Iterable[str] = ()) -> list[str]:
+    """The frame's layers in model depth order: as `depth` lists them (the model's routing layers,
+    `model.option_labels()`, are in forward order), then any others by name with numbers compared
+    as numbers ("blocks.10" after "blocks.9"), which is depth order for block-indexed names."""
+    rank = {l: i for i, l in enumerate(depth)}
+    return sorted(df[C.LAYER].unique(), key=lambda l: (rank.get(l, len(rank)),
+                                                        [(0, int(p), "") if p.isdigit() else (1, 0, p)
+                                                         for p in str(l).split(".")]))
+
+
+def choice_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]]) -> ChoiceGrid:
+    """Any routing layer's option weights (analysis.runs.routing.option_weights): the largest per token."""
+    return _selected_grid(view, tokens, labels, lambda r: f"weight {r.weight:.3f}",
+                          "Option with the largest weight per token (every weight on hover)")
+
+
+def _selected_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]],
+                   value: Callable[[Any], str], title: str) -> ChoiceGrid:
+    """Layers x tokens, each cell the option selected there; every option's `value` on hover."""
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v, labels), len(tokens)
+    z = _grid(v[v[C.SELECTED]], C.OPTION, layers, T)
+    hover = _hover(v, layers, T, tokens, lambda r: f"{'▶ ' if r.selected else ''}{r.label}: {value(r)}")
+    return ChoiceGrid(z, hover, layers, option_names(labels, layers), title)
+
+
+def option_weights_figure(view: pd.DataFrame, layer: str, tokens: list[str], n_prompt: int | None) -> go.Figure:
+    """One routing layer's option weights per token: options x tokens."""
+    v = view[(view[C.BATCH] == 0) & (view[C.LAYER] == layer)]
+    names = list(dict.fromkeys(v[C.LABEL]))
+    z = np.full((len(names), len(tokens)), np.nan)
+    z[v[C.OPTION].to_numpy(), v[C.POSITION].to_numpy()] = v[C.WEIGHT].to_numpy(dtype=float)
+    shown = [html.escape(show_token(t)) for t in tokens]
+    hover = np.array([[f"<b>{shown[t]}</b> (pos {t})<br>{layer} · {names[o]}: {z[o, t]:.3f}"
+                       for t in range(len(tokens))] for o in range(len(names))], dtype=object)
+    return value_heatmap(z, hover, names, tokens, f"{layer}: weight of each option per token", n_prompt,
+                         zmin=0.0, zmax=1.0, colorscale="Blues", colorbar_title="weight")
+
+
+def gumbel_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]]) -> ChoiceGrid:
+    return _selected_grid(view, tokens, labels, lambda r: f"{r.prob:.1%}",
+                          "Gumbel route per token (noise-free probabilities on hover)")
+
+
+def cosine_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]]) -> ChoiceGrid:
+    v = view[(view[C.BATCH] == 0) & view[C.COSINE].notna()]
+    layers, T = _layers(v, labels), len(tokens)
+    z = _grid(v[v[C.DOMINANT]], C.OPTION, layers, T)
+    hover = _hover(v, layers, T, tokens,
+                   lambda r: f"{'▶ ' if r.dominant else ''}{labels[r.layer][r.option]}: cos {r.cosine:.3f}")
+    n_outputs = int(v[C.OPTION].max()) + 1 if len(v) else 1  # paths / blocks only: "combined" has no cosine
+    return ChoiceGrid(z, hover, layers, option_names(labels, layers)[:n_outputs],
+                      "Cosine dominance: the output most aligned with the combined output")
+
+
+def topk_grid(view: pd.DataFrame, tokens: list[str], labels: dict[str, list[str]]) -> ChoiceGrid:
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v, labels), len(tokens)
+    z = _grid(v[v[C.RANK] == 0], C.OPTION, layers, T)
+    hover = _hover(v, layers, T, tokens,
+                   lambda r: f"#{r.rank + 1} {labels[r.layer][r.option]}: weight {r.weight:.3f} (p {r.prob:.3f})")
+    return ChoiceGrid(z, hover, layers, option_names(labels, layers),
+                      "Top-k routing: first choice per token (all selections on hover)")
+
+
+def share_figure(view: pd.DataFrame, tokens: list[str], value: str, option: int, title: str, label,
+                 n_prompt: int | None) -> go.Figure:
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v), len(tokens)
+    z = _grid(v[v[C.OPTION] == option], value, layers, T)
+    hover = _hover(v, layers, T, tokens, label)
+    return value_heatmap(z, hover, layers, tokens, title, n_prompt, zmin=0.0, zmax=1.0, colorscale=HIGH_IS_BLUE,
+                         colorbar_title=value)
+
+
+def gate_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | None) -> go.Figure:
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v), len(tokens)
+    z = _grid(v, C.GATE_MEAN, layers, T)
+    hover = _hover(v, layers, T, tokens, lambda r: f"mean alpha (stream A): {r.gate_mean:.3f}")
+    return value_heatmap(z, hover, layers, tokens, "DSFF gate: mean alpha (weight of the narrow SwiGLU stream)",
+                         n_prompt, zmin=0.0, zmax=1.0, colorscale=HIGH_IS_BLUE, colorbar_title="alpha")
+
+
+def atm_figure(merges: pd.DataFrame, tokens: list[str], tau: float, n_prompt: int | None = None) -> go.Figure:
+    """Per active ATM layer: the adjacent-cosine strip, with merged pairs bracketed above it."""
+    m = merges[merges[C.BATCH] == 0]
+    layers = _layers(m)
+    T = len(tokens)
+    z = _grid(m, C.ADJACENT_COS, layers, T)
+    hover = _hover(m, layers, T, tokens,
+                   lambda r: f"cos(t, t+1) {r.adjacent_cos:.3f}" + (f"<br>merged with {r.partner}" if r.merged else ""))
+    fig = value_heatmap(z, hover, layers, tokens, f"ATM adjacent cosines; merged pairs bracketed (tau = {tau:.2f})",
+                        n_prompt, zmin=-1.0, zmax=1.0, colorscale=HIGH_IS_BLUE, colorbar_title="cos")
+    for li, layer in enumerate(layers):  # rows run top down: a bracket above row li is at y < li
+        rows = m[(m[C.LAYER] == layer) & m[C.MERGED]]
+        for a in sorted(int(p) for p, q in zip(rows[C.POSITION], rows[C.PARTNER]) if int(q) > int(p)):
+            y0, y1 = li - 0.2, li - 0.42
+            fig.add_shape(type="path", path=f"M {a - 0.3},{y0} L {a - 0.3},{y1} L {a + 1.3},{y1} L {a + 1.3},{y0}",
+                          line=dict(color="black", width=2))
+    total_height(fig, max(heatmap_height(len(layers)), 60 * len(layers) + 20))
+    return fig
+
+
+# --- many options: place on an axis, not colour (analysis.runs.routing.MANY_OPTIONS) ------------------
+
+def expert_matrix_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | None,
+                         depth: Iterable[str] = ()) -> go.Figure:
+    """Per layer (a dropdown picks it), experts x tokens: colour = the router's probability, the
+    token's top-k picks marked with their rank. Hover names the layer, expert, token and value.
+    Values are rounded to 4 decimals, which keeps a 128-expert x 24-layer page small."""
+    v = view[view[C.BATCH] == 0]
+    layers, T = _layers(v, depth), len(tokens)
+    fig = go.Figure()
+    tallest = 1
+    for j, layer in enumerate(layers):
+        g = v[v[C.LAYER] == layer]
+        n = int(g[C.OPTION].max()) + 1
+        tallest = max(tallest, n)
+        z = np.full((n, T), np.nan)
+        z[g[C.OPTION].to_numpy(), g[C.POSITION].to_numpy()] = np.round(g[C.PROB].to_numpy(dtype=float), 4)
+        fig.add_heatmap(z=z, x=list(range(T)), y=list(range(n)), colorscale="Blues", zmin=0, zmax=1,
+                        visible=j == 0, colorbar=dict(title="router p"), name=layer,
+                        hovertemplate=f"{html.escape(layer)}<br>expert %{{y}} · pos %{{x}}<br>p %{{z:.4f}}<extra></extra>")
+        s = g[g[C.SELECTED]]
+        fig.add_scatter(x=s[C.POSITION], y=s[C.OPTION], mode="markers", visible=j == 0, showlegend=False,
+                        marker=dict(symbol="circle-open", size=7, color=HIGHLIGHT, line=dict(width=1.5)),
+                        customdata=s[C.RANK] + 1, name=layer,
+                        hovertemplate=f"{html.escape(layer)}<br>expert %{{y}} · pos %{{x}}: pick #%{{customdata}}<extra></extra>")
+    token_axis(fig, tokens, n_prompt)
+    plot_px = max(240, min(720, 5 * tallest))
+    fig.update_layout(title=dict(text="Top-k routing: router probability per expert and token (○ picked)",
+                                 y=1, yref="container", yanchor="top",
+                                 pad=dict(t=10)),
+                      plot_bgcolor="white", margin=dict(t=100))
+    fig.update_yaxes(title="expert", autorange="reversed", tickfont=dict(size=11))
+    layer_menu(fig, layers, 2)
+    fixed_margins(fig, ["expert 000"])
+    total_height(fig, plot_px)
+    return fig
+
+
+def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str], title: str, value: str,
+                        flags: dict[str, np.ndarray]) -> go.Figure:
+    """Layers x options, colour = `value` (a share), options ordered by their load over all layers
+    (busiest left); each flag (name -> boolean per row of `u`: dead ✕, overloaded ▲) marks its cells.
+    Hover names layer, option and value."""
+    layers = _layers(u, depth)
+    load = u.groupby(C.OPTION)[value].sum().sort_values(ascending=False, kind="stable")
+    order = list(load.index)
+    col = {o: i for i, o in enumerate(order)}
+    li = {l: i for i, l in enumerate(layers)}
+    z = np.full((len(layers), len(order)), np.nan)
+    z[u[C.LAYER].map(li).to_numpy(), u[C.OPTION].map(col).to_numpy()] = u[value].to_numpy(dtype=float)
+    x = [str(o) for o in order]
+    fig = go.Figure(go.Heatmap(z=np.round(z, 5), x=x, y=layers, colorscale="Blues", zmin=0,
+                               colorbar=dict(title="share"),
+                               hovertemplate="%{y}<br>option %{x}: share %{z:.4f}<extra></extra>"))
+    for (flag, hit), symbol in zip(flags.items(), ("x-thin", "triangle-up")):
+        f = u[np.asarray(hit, dtype=bool)]
+        fig.add_scatter(x=f[C.OPTION].astype(str), y=f[C.LAYER], mode="markers", name=flag,
+                        marker=dict(symbol=symbol, size=7 if len(order) <= 64 else 5, color="#E45756",
+                                    line=dict(width=1.5, color="#E45756")),
+                        hovertemplate=f"%{{y}}<br>option %{{x}}: {flag}<extra></extra>")
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=x, title="option (busiest first)",
+                     tickfont=dict(size=9), showgrid=False)
+    fig.update_yaxes(autorange="reversed", fixedrange=True)
+    fig.update_layout(title=title, plot_bgcolor="white", height=max(260, 22 * len(layers) + 140),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                      margin=dict(l=10, r=10, t=60, b=40))
+    return fig
+
+
+def layer_menu_heatmaps(panels: dict[str, tuple[np.ndarray, list[str], list[str]]], title: str, hover: str,
+                        x_title: str, y_title: str) -> go.Figure:
+    """One heatmap per layer (name -> (z, x labels, y labels)), a dropdown picking the layer: many
+    options x many rows in one figure. `hover`: the hovertemplate ({layer} is filled in)."""
+    fig = go.Figure()
+    for j, (layer, (z, x, y)) in enumerate(panels.items()):
+        fig.add_heatmap(z=np.round(z, 4), x=x, y=y, colorscale="Blues", zmin=0, zmax=1, visible=j == 0, name=layer,
+                        hovertemplate=hover.replace("{layer}", html.escape(layer)) + "<extra></extra>")
+    layer_menu(fig, list(panels), 1)
+    rows = max((len(p[2]) for p in panels.values()), default=1)
+    fig.update_xaxes(type="category", title=x_title, tickfont=dict(size=9), showgrid=False)
+    fig.update_yaxes(type="category", title=y_title, autorange="reversed")
+    fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10)),
+                      plot_bgcolor="white", height=max(300, min(720, 18 * rows + 180)), margin=dict(t=100))
+    return fig
