@@ -1,8 +1,6 @@
 """The Ray export's output: a partitioned Parquet dataset directory, local or any fsspec URL
 (`ray_export`'s module doc, steps 2 and 3): partition names, done markers, the manifest that makes
 a rerun into other settings refuse, the leftovers of crashed workers, and reading the dataset back.
-
-fsspec comes with the `distributed` extra (ray[data]); it is imported inside `filesystem`.
 """
 from __future__ import annotations
 
@@ -11,8 +9,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import fsspec  # a dependency of torch (and of ray[data])
 import pandas as pd
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from routescope.analysis.export.run_table import conform, empty_table
 
@@ -24,9 +24,6 @@ DONE_DIR, MANIFEST, SUCCESS = "_done", "_routescope.json", "_SUCCESS"
 
 def filesystem(url: str) -> tuple[Any, str, bool]:
     """(fsspec filesystem, path inside it, whether it is the local filesystem)."""
-    import fsspec  # optional dependency (comes with the distributed extra)
-    from fsspec.implementations.local import LocalFileSystem
-
     fs, path = fsspec.core.url_to_fs(url)
     return fs, path, isinstance(fs, LocalFileSystem)
 

@@ -59,7 +59,7 @@ def on_ray(spec: RaySpec, todo: list, ablations: Sequence[Ablation], settings: I
     stopped after, unless Ray is running or RAY_ADDRESS names one). `stop()` is asked while waiting;
     True ends with `Stopped` and the batches in flight are dropped."""
     import ray  # optional heavy dependency (the distributed extra)
-    from ray.util import ActorPool
+    from ray.util import ActorPool  # with ray: the distributed extra
 
     started, tmp = connect(spec.workers, 1)
     actors: list = []
