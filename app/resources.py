@@ -19,7 +19,7 @@ from routescope.analysis.runs.effects import ablation_effects
 from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes, placement_setting
 from routescope.analysis.runs.session import RunSettings, run_prompt, run_table
 from routescope.analysis.runs.usage import run_usage
-from routescope.analysis.export.tables import table_bytes
+from routescope.analysis.export.table_files import table_bytes
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_checkpoint, weight_files
 from routescope.core_models.devices import resolve_device

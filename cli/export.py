@@ -5,7 +5,7 @@ prompt_id = its 1-based line number; .tsv: columns prompt_id and prompt, others 
 analysis.inputs.prompts). --shard i/n keeps the prompts whose 0-based index in that list satisfies
 index % n == i, so the shards 0/n .. n-1/n partition the prompts exactly. The rows are made by
 analysis.export.batch (batches of --batch-size; --max-new-tokens N > 0 continues each prompt) and
-streamed to the output file(s) (`analysis.export.tables.ExportWriter`), which appear only when the export
+streamed to the output file(s) (`analysis.export.table_files.ExportWriter`), which appear only when the export
 finished; Parquet files record the export's provenance.
 
 --engine ray (the `distributed` extra) runs the same rows on a Ray cluster instead of this process:
@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from routescope.analysis.export import batch as B
-    from routescope.analysis.export.tables import ExportWriter, check_output
+    from routescope.analysis.export.output_files import check_output
+    from routescope.analysis.export.table_files import ExportWriter
 
     for out in args.out:  # before any work: a bad output must not fail a long export at its end
         check_output(out)

@@ -55,9 +55,9 @@ def check_html_output(path: str) -> Path:
 def write_atomically(path: Path, text: str) -> bool:
     """Write `text` to a hidden temporary file beside `path` and rename it into place: a failed or
     interrupted write leaves `path` as it was, and temporaries a killed run left are deleted first
-    (analysis.export.tables's temporaries). The file gets the mode the umask gives new files. Whether an
+    (analysis.export.output_files's temporaries). The file gets the mode the umask gives new files. Whether an
     existing file was replaced."""
-    from routescope.analysis.export.tables import new_temporary, remove_stale_temporaries
+    from routescope.analysis.export.output_files import new_temporary, remove_stale_temporaries
 
     remove_stale_temporaries(path)
     tmp, lock = new_temporary(path)

@@ -30,7 +30,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from routescope.analysis.export.tables import frame_csv_bytes, new_temporary
+from routescope.analysis.export.csv_format import frame_csv_bytes
+from routescope.analysis.export.output_files import new_temporary
 from routescope.analysis.export.html_safe import attr, script_json, text
 from routescope.analysis.export.plotly_bundle import script_tag
 
@@ -77,19 +78,19 @@ SECTIONS: dict[str, tuple[str, str]] = {
 
 def frame_bytes(df: pd.DataFrame, fmt: str, provenance: dict | None = None) -> bytes:
     """A table as CSV (the one CSV writer) or Parquet bytes; `provenance` goes into the Parquet file's
-    metadata under the export's key (`analysis.export.tables.read_provenance` reads it)."""
+    metadata under the export's key (`analysis.export.table_files.read_provenance` reads it)."""
     if fmt == "csv":
         return frame_csv_bytes(df)
     if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from routescope.analysis.export.tables import PROVENANCE_KEY, _provenance_json
+        from routescope.analysis.export.table_files import PROVENANCE_KEY, provenance_json
 
         table = pa.Table.from_pandas(df.rename(columns=str), preserve_index=False)
         if provenance is not None:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                                   PROVENANCE_KEY: _provenance_json(provenance)})
+                                                   PROVENANCE_KEY: provenance_json(provenance)})
         buf = io.BytesIO()
         pq.write_table(table, buf)
         return buf.getvalue()

@@ -5,7 +5,7 @@ column names below, so a table can be filtered, pivoted or plotted without knowi
 made it. Names are constants so they are typed once.
 
 The export table (`EXPORT_SCHEMA`) is the same for every family; `KINDS` documents what `value`
-means for each `kind`. `analysis.export.tables` reads and writes it.
+means for each `kind`. `analysis.export.table_files` reads and writes it.
 """
 from __future__ import annotations
 

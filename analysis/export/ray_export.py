@@ -60,7 +60,7 @@ from routescope.analysis.export.ray_output import (DONE_DIR, SUCCESS, clean_left
 from routescope.analysis.export.ray_prompts import (PromptSource, first_error, partition_digests, read_prompt_dataset,
                                                     url_suffix)
 from routescope.analysis.export.run_table import TokenText
-from routescope.analysis.export.tables import ExportWriter
+from routescope.analysis.export.table_files import ExportWriter
 from routescope.analysis.inputs.prompts import TEXT_SUFFIXES, check_unique_ids
 from routescope.analysis.ray_cluster import checkpoint_files, connect
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import plotly.graph_objects as go
 import streamlit as st
 
-from routescope.analysis.export.tables import frame_csv_bytes
+from routescope.analysis.export.csv_format import frame_csv_bytes
 from routescope.analysis.export.plotly_bundle import figure_page
 from routescope.analysis.runs.session import Run, candidates_table, provenance
 

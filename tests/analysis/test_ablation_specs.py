@@ -78,7 +78,7 @@ def test_top_n_counts_the_picks_of_transformers_own_router():
 
 
 def test_rs_run_and_the_cli_take_the_same_specs(tmp_path, capsys):
-    from routescope.analysis.export.tables import read_csv
+    from routescope.analysis.export.table_files import read_csv
     from routescope.cli.main import main
 
     model, tok = rs.load(str(OLMOE))
@@ -137,7 +137,7 @@ def test_cli_corpus_drop_switches_the_expert_off_and_records_it(tmp_path, capsys
     import pandas as pd
 
     from routescope.analysis.export.batch import weights_sha256
-    from routescope.analysis.export.tables import read_provenance
+    from routescope.analysis.export.table_files import read_provenance
     from routescope.cli.main import main
 
     out = tmp_path / "c"

@@ -8,7 +8,7 @@ import pytest
 
 from routescope.analysis.export import columns as C
 from routescope.cli.export import parse_shard, read_prompts, shard
-from routescope.analysis.export.tables import read_csv, read_parquet
+from routescope.analysis.export.table_files import read_csv, read_parquet
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
 PROMPTS = ["Once upon a time", "Solve this", "There was a little girl.", "Python code", "One day",

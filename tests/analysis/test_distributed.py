@@ -19,7 +19,7 @@ import pytest
 from routescope.analysis.export import columns as C
 from routescope.analysis.export.batch import ExportJob
 from routescope.analysis.export.ray_output import read_dataset
-from routescope.analysis.export.tables import read_parquet, read_provenance
+from routescope.analysis.export.table_files import read_parquet, read_provenance
 from routescope.analysis.ray_cluster import LOCAL_OBJECT_STORE
 from procs import running, wait_gone
 

@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.export.tables import (ExportWriter, escape_text, read_csv, read_parquet, read_table, unescape_text,
-                             write_csv, write_parquet)
+from routescope.analysis.export.csv_format import escape_text, unescape_text
+from routescope.analysis.export.table_files import (ExportWriter, read_csv, read_parquet, read_table, write_csv,
+                                                    write_parquet)
 from routescope.analysis.export.run_table import conform, empty_table
 
 HOSTILE = ["=cmd|' /C calc'!A0", "+1", "-x", "@a", "\ttab", "\rcr", "line\nbreak", "crlf\r\nend", 'say "hi"',

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from hf_models import MOE_TYPES, saved_models
 from routescope.analysis.export import columns as C
-from routescope.analysis.export.tables import read_csv
+from routescope.analysis.export.table_files import read_csv
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.generate import generate

@@ -21,7 +21,7 @@ from torch import nn
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs import families
-from routescope.analysis.export.tables import read_csv
+from routescope.analysis.export.table_files import read_csv
 from routescope.analysis.runs.session import RunSettings, run_prompt
 from conftest import VOCAB
 from routescope import families as rs_families

@@ -17,7 +17,7 @@ from routescope.analysis.corpus import compare as CMP
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
-from routescope.analysis.export.tables import read_frame_csv
+from routescope.analysis.export.csv_format import read_frame_csv
 from routescope.app import state as K
 from routescope.core_models.checkpoint import load_checkpoint
 from routescope.analysis.export.plotly_bundle import plotly_js

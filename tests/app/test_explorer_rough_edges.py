@@ -84,7 +84,7 @@ def test_table6_runs_under_the_ablation_and_says_so(name, drop):
 def test_table6_csv_carries_the_ablation(monkeypatch):
     from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 
-    from routescope.analysis.export.tables import read_frame_csv
+    from routescope.analysis.export.csv_format import read_frame_csv
 
     files: dict[str, tuple[str, bytes]] = {}
     original = MemoryMediaFileStorage.load_and_get_id

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from routescope.analysis.export.tables import read_csv
+from routescope.analysis.export.table_files import read_csv
 from routescope.cli.main import main
 from routescope.core_models.checkpoint import load_checkpoint
 

@@ -15,7 +15,7 @@ from routescope.analysis.corpus import compare as CMP
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.corpus.columns import named_compared
 from routescope.analysis.corpus.run import CorpusSettings, run_corpus
-from routescope.analysis.export.tables import csv_kinds, read_frame_csv
+from routescope.analysis.export.csv_format import csv_kinds, read_frame_csv
 from routescope.cli.main import main
 from routescope.core_models.checkpoint import load_checkpoint
 from routescope.analysis.export.plotly_bundle import plotly_js

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from routescope.analysis.export.tables import read_frame_csv
+from routescope.analysis.export.csv_format import read_frame_csv
 from routescope.cli.main import main
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import load_checkpoint

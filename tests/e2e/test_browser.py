@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from routescope.analysis.export.tables import read_csv
+from routescope.analysis.export.table_files import read_csv
 from procs import free_port, running, wait_for_health
 
 pytestmark = pytest.mark.e2e

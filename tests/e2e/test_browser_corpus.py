@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from routescope.analysis.export.tables import read_frame_csv
+from routescope.analysis.export.csv_format import read_frame_csv
 from procs import free_port, running, wait_for_health
 
 pytestmark = pytest.mark.e2e

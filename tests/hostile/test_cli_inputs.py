@@ -160,7 +160,7 @@ def test_prompt_files(capsys, tmp_path):
 
 def test_good_export_still_writes_every_prompt(capsys, tmp_path):
     from routescope.analysis.export import columns as C
-    from routescope.analysis.export.tables import read_csv
+    from routescope.analysis.export.table_files import read_csv
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("\ufeffOnce upon a time\n\nSolve this\u2028now\n", encoding="utf-8")  # BOM, U+2028 inside

@@ -2,7 +2,7 @@
 
 Each CSV is parsed back with Python's csv module (as a spreadsheet would see it) and must have one
 record per row with the header's field count, no text cell that starts a formula (=, +, -, @, tab,
-CR), and the documented readers (`analysis.export.tables.read_csv`, `read_frame_csv`) must give the
+CR), and the documented readers (`analysis.export.table_files.read_csv`, `csv_format.read_frame_csv`) must give the
 original text back. Good text is written as it is.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ from streamlit.testing.v1 import AppTest
 from tokenizers import Tokenizer
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.export.tables import csv_kind, csv_kinds, frame_csv_bytes, read_csv, read_frame_csv
+from routescope.analysis.export.csv_format import csv_kind, csv_kinds, frame_csv_bytes, read_frame_csv
+from routescope.analysis.export.table_files import read_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app" / "main.py")
@@ -87,7 +88,7 @@ def test_missing_text_and_odd_dtypes():
 def test_cells_encoded_once_per_distinct_value_equal_cells_encoded_one_by_one():
     """The writer encodes each distinct value of a one-type column once (`tables._encoded`): its rows
     must be those of encoding every cell by itself, for repeated and missing values of every dtype."""
-    from routescope.analysis.export import tables as T
+    from routescope.analysis.export import csv_format as T
 
     n = 40
     texts = [HOSTILE[k % 5] if k % 7 else None for k in range(n)]
@@ -206,7 +207,7 @@ def test_app_table6_csvs_with_a_hostile_probe_file(downloads):
 
 def test_dataframe_csv_export_is_off():
     """st.dataframe's own "Download as CSV" writes cells as they are (no neutralising), so the app
-    turns it off: every CSV it offers comes from `analysis.export.tables`."""
+    turns it off: every CSV it offers comes from `analysis.export.csv_format`."""
     config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
     assert config["client"]["disableDataExport"] is True
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from routescope.analysis.export.tables import new_temporary, read_csv, remove_stale_temporaries
+from routescope.analysis.export.output_files import new_temporary, remove_stale_temporaries
+from routescope.analysis.export.table_files import read_csv
 from routescope.analysis.inputs.files import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES
 from routescope.analysis.inputs.prompts import prompt_problem
 from routescope.cli.main import main
