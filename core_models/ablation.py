@@ -184,13 +184,13 @@ class Ablation:
 def applicable(drop: list[str] | tuple[str, ...] = (), force: list[str] | tuple[str, ...] = (),
                modes: list[str] | tuple[str, ...] = (), *, layers: dict[str, int],
                known_modes: dict[str, str] | None = None, top_k: dict[str, tuple[int, int]] | None = None,
-               usage: Usage | None = None, base: Ablation | None = None) -> tuple[Ablation, list[str]]:
+               usage: Usage | None = None, base: Ablation | None = None) -> tuple[Ablation, list[tuple[str, str]]]:
     """Each spec on its own: one that parses, resolves and, added to `base` and the specs applied
     before it, leaves a valid ablation is applied; any other is left out. Returns the ablation of
-    `base` and the applied specs (their text in `specs`), and one line per spec left out: "SPEC:
-    reason" (`Ablation.parse` and `validate`, by contrast, refuse every spec for one bad one)."""
+    `base` and the applied specs (their text in `specs`), and (spec, reason) of each spec left out,
+    for one line each (`Ablation.parse` and `validate`, by contrast, refuse every spec for one bad one)."""
     current = base or Ablation()
-    left_out: list[str] = []
+    left_out: list[tuple[str, str]] = []
     items = [("drop", s) for s in drop] + [("force", s) for s in force] + [("mode", m) for m in modes]
     for kind, spec in items:
         text = str(spec).strip()
@@ -207,15 +207,15 @@ def applicable(drop: list[str] | tuple[str, ...] = (), force: list[str] | tuple[
             merged = Ablation(drop=current.drop + one.drop, force=current.force + one.force,
                               modes=current.modes + one.modes, specs=current.specs + one.specs)
         except SpecError as e:
-            left_out.append(f"{shown}: {e.reason}")
+            left_out.append((shown, e.reason))
             continue
         except AblationError as e:  # resolving (a glob that matches nothing, top N without counts), one route
-            left_out.append(f"{shown}: {_reason(str(e), text)}")
+            left_out.append((shown, _reason(str(e), text)))
             continue
         before = current.problems(layers, known_modes, top_k)
         new = [r for r, specs in merged.problems(layers, known_modes, top_k).items() if specs != before.get(r)]
         if new:
-            left_out.append(f"{shown}: {'; '.join(new)}")
+            left_out.append((shown, "; ".join(new)))
             continue
         current = merged
     return current, left_out

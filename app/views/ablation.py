@@ -15,13 +15,14 @@ most used), so that 128 experts x 48 layers fit in about one screen."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import streamlit as st
 
 from routescope.analysis.runs.routing import option_names
-from routescope.core_models.ablation import Ablation
+from routescope.core_models.ablation import Ablation, applicable
 from routescope.core_models.base import RouteScopeLM
-from routescope.core_models.specs import ALL_LAYERS, SPEC_HELP, AblationError, Usage
+from routescope.core_models.specs import ALL_LAYERS, SPEC_HELP, Usage
 
 from routescope.app import state as K
 
@@ -32,7 +33,8 @@ SPEC_BOX_HELP = ("One spec a line (or separated by ';'), as the command line's -
                  + ". 'force LAYER:OPTION' forces a route; 'mode NAME' a named ablation. Examples: "
                  "'*:0-3', 'model.layers.3.mlp.gate:0-15', 'model.layers.*.mlp.gate:!0' (keep only 0), "
                  "'*:top8' (the 8 experts each layer picks most for this prompt), '*:top8@corpus' (over the "
-                 "dataset the Corpus view last ran without an ablation).")
+                 "dataset the Corpus view last ran without an ablation). A spec that cannot apply is left out, saying "
+                 "why in one line; the others apply.")
 
 
 def _keep_changed(scope: str, n: int) -> None:
@@ -63,27 +65,29 @@ def reset_for(path: str) -> None:
 
 def controls(model: RouteScopeLM, scope: str, usage: Usage | None = None) -> Ablation:
     """The ablation the widgets describe; `scope`: the checkpoint's path (part of every key);
-    `usage(source)`: the counts "top N" specs rank by (None: such specs are refused)."""
+    `usage(source)`: the counts "top N" specs rank by (None: such specs are refused). Its `specs`
+    record every choice: the widgets' as specs ("*:1"), then the typed specs that apply."""
     layers = model.routing_layers()
     modes = tuple(m for m, what in model.ablation_modes().items()
                   if st.checkbox(f"Mode: {m}", key=K.mode_key(scope, m), help=what))
     if not layers:
         st.info("This model has no paths, blocks or experts to switch off.")
-        return Ablation(modes=modes)
+        return Ablation(modes=modes, specs=tuple(f"mode {m}" for m in modes))
     labels = model.option_labels()
     few = max(layers.values()) <= FEW_OPTIONS
     if not few:
-        specs = _spec_box(model, scope, usage)
+        typed, notes = _spec_box(scope), st.container()
     drop, force = (_checkboxes if few else _searchable)(model, scope, layers, labels)
     if few:
         with st.expander("Specs (ranges, all but, most used)"):
-            specs = _spec_box(model, scope, usage)
-    try:
-        return Ablation(drop=tuple(drop) + specs.drop, force=tuple(force) + specs.force, modes=modes + specs.modes,
-                        specs=specs.specs)
-    except AblationError as e:  # a spec forcing a layer the widgets force too
-        st.error(f"The specs were not applied: {e}")
-        return Ablation(drop=tuple(drop), force=tuple(force), modes=modes)
+            typed, notes = _spec_box(scope), st.container()
+    widgets = Ablation(drop=tuple(drop), force=tuple(force), modes=modes)  # one force per layer: no clash
+    widgets = replace(widgets, specs=tuple(p.removeprefix("drop ") for p in widgets.parts()))
+    ab, left_out = applicable(*typed, layers=layers, known_modes=model.ablation_modes(), top_k=model.routing_top_k(),
+                              usage=usage, base=widgets)
+    for spec, why in left_out:  # the others apply
+        notes.warning(f"Left out `{spec}`: {why}")
+    return ab
 
 
 def spec_lines(text: str) -> tuple[list[str], list[str], list[str]]:
@@ -100,20 +104,12 @@ def spec_lines(text: str) -> tuple[list[str], list[str], list[str]]:
     return drop, force, modes
 
 
-def _spec_box(model: RouteScopeLM, scope: str, usage: Usage | None) -> Ablation:
-    """The specs typed in the box, resolved and checked; an error (its reason first) leaves them out."""
+def _spec_box(scope: str) -> tuple[list[str], list[str], list[str]]:
+    """The specs typed in the box: (drop specs, force specs, modes); `controls` applies each one that
+    can be applied and says why any other is left out."""
     text = st.text_area("Specs", key=K.specs_key(scope), height=68, help=SPEC_BOX_HELP,
                         placeholder="*:0-3\nmodel.layers.*.mlp.gate:top8")
-    drop, force, modes = spec_lines(text)
-    if not (drop or force or modes):
-        return Ablation()
-    try:
-        ab = Ablation.parse(drop, force, modes, layers=model.routing_layers(), usage=usage)
-        ab.validate(model.routing_layers(), model.ablation_modes())
-        return ab
-    except AblationError as e:
-        st.error(f"Specs not applied: {e}")
-        return Ablation()
+    return spec_lines(text)
 
 
 def _checkboxes(model: RouteScopeLM, scope: str, layers: dict[str, int], labels) -> tuple[list, list]:

@@ -92,4 +92,5 @@ def test_moep_top_k_is_its_config_and_three_of_four_dropped_is_refused():
     ab, left_out = applicable([f"{layer}:0", f"{layer}:1-2"], layers=model.routing_layers(),
                               top_k=model.routing_top_k())
     assert ab == Ablation(drop=((layer, 0),)) and len(left_out) == 1
-    assert left_out[0].startswith(f"{layer}:1-2: fewer options left than the router picks per token (top-{k})")
+    assert left_out[0][0] == f"{layer}:1-2"
+    assert left_out[0][1].startswith(f"fewer options left than the router picks per token (top-{k})")
