@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     model, tok = load_with_tokenizer(args.checkpoint)
     data = collect(model, tok, name=Path(args.checkpoint).resolve().name, n_docs=args.docs, seq_len=args.seq_len,
                    min_count=args.min_count, top=args.top)
-    from routescope.analysis.export.tables import remove_stale_temporaries
+    from routescope.analysis.export.output_files import remove_stale_temporaries
 
     for tmp in remove_stale_temporaries(out):
         sys.stderr.write(f"note: removed {tmp}, left by a report that was killed\n")
