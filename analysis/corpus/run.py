@@ -35,6 +35,7 @@ from routescope.core_models.trace import host_copy, tracing
 from routescope.analysis.corpus import stats as S
 from routescope.analysis.corpus import reductions as RD
 from routescope.analysis.corpus import values as V
+from routescope.analysis.export.batch import weights_sha256
 from routescope.analysis.inputs.datasets import CorpusData, CorpusRow
 from routescope.analysis.runs.families import RunViews, views_of
 from routescope.analysis.runs.family_table import family_analysis, route_reader
@@ -285,8 +286,6 @@ def run_corpus(model: Any, tokenizer: Any, data: CorpusData, *, name: str, setti
     (resolved and checked: `analysis.runs.usage.ablation_for`). `progress(rows done)` after each batch;
     `stop()` True ends the run with `Stopped`; `checkpoint`: its directory, whose weights' digest the
     result records (cached: `batch_export.weights_sha256`)."""
-    from routescope.analysis.export.batch import weights_sha256
-
     digest = weights_sha256(checkpoint) if checkpoint is not None else ""
     t0 = time.perf_counter()
     layout = layout_of(model, data.label_columns)
