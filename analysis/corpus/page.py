@@ -32,6 +32,7 @@ import pandas as pd
 
 from routescope.analysis.export.csv_format import frame_csv_bytes
 from routescope.analysis.export.output_files import new_temporary
+from routescope.analysis.export.table_files import PROVENANCE_KEY, provenance_json
 from routescope.analysis.export.html_safe import attr, script_json, text
 from routescope.analysis.export.plotly_bundle import script_tag
 
@@ -84,8 +85,6 @@ def frame_bytes(df: pd.DataFrame, fmt: str, provenance: dict | None = None) -> b
     if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
-
-        from routescope.analysis.export.table_files import PROVENANCE_KEY, provenance_json
 
         table = pa.Table.from_pandas(df.rename(columns=str), preserve_index=False)
         if provenance is not None:
