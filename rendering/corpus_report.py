@@ -65,14 +65,15 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
     if other is not None:
         intro += (f"<p>Compared with <b>{esc(other.model)}</b> on the same rows: " +
                   (esc(f"not comparable: {why_not}") if why_not else "its tables are below, beside this model's, "
-                   "each column named by its model (the embedded JSON and the files name them _a: "
-                   + esc(result.model) + ", _b: " + esc(other.model) + ")") + "</p>")
+                   "each column named by its model, as in the CSV and Parquet files (the embedded JSON names "
+                   "them _a: " + esc(result.model) + ", _b: " + esc(other.model) + ")") + "</p>")
     meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
     if all_tables is None:
         all_tables = {**tables, **{f"compare_{k}": v for k, v in (compared or {}).items()}}
     all_tables, shortened = embedded(all_tables)
     under = "" if result.ablation.is_empty else f" under {result.ablation.summary(1)}"
-    return render_page(title=title or f"RouteScope corpus routing: {result.model} on {result.dataset}{under}", intro=intro,
+    both = result.model + (f" and {other.model}" if other is not None and not why_not else "")
+    return render_page(title=title or f"RouteScope corpus routing: {both} on {result.dataset}{under}", intro=intro,
                        pieces=draw_views(views, labels), tables=all_tables, notes=[*result.notes, *shortened],
                        extra=extra, meta=meta)
 

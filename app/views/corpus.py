@@ -35,7 +35,8 @@ from routescope.app.messages import show_error
 SHIPPED, UPLOAD, SERVER = "Shipped dataset", "Upload a file", "File on the server"
 NONE = "(none)"
 COMPARED = ("Both checkpoints side by side, each column named by its checkpoint, and the difference (the second "
-            "minus the first); hover a column's name for what it holds. The downloaded files name them _a, _b, _diff.")
+            "minus the first); hover a column's name for what it holds. The downloaded files name the columns the "
+            "same way, so a file read on its own says which checkpoint is which.")
 POLL_SECONDS = 0.5
 LIMITS = (f"Formats: .txt (one prompt per line), or .tsv / .csv / .jsonl / .parquet with a `text` (or `prompt`) "
           f"column and label columns. Limits here: {D.APP_MAX_ROWS:,} rows and {D.APP_MAX_CHARS:,} characters "
@@ -187,17 +188,30 @@ def file_stem(result, other=None) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts))
 
 
+def both_summaries(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str]) -> pd.DataFrame:
+    """Two checkpoints' summaries (metric, value) side by side: metric, then a value column named by each
+    checkpoint ("value (A)" / "(B)" for two of one name, as the compared tables); the rows of either, the
+    first's order first."""
+    if names[0] == names[1]:
+        names = (f"{names[0]} (A)", f"{names[1]} (B)")
+    both = a.merge(b, on="metric", how="outer", sort=False, suffixes=tuple(f" ({n})" for n in names))
+    return both.fillna("")
+
+
 def _downloads(result, tables: dict, compared: dict | None, other, why: str | None, labels) -> None:
     """Every file named by the dataset (and the checkpoints) it holds; Parquet files and corpus.json
-    carry the provenance (checkpoints, weights digests, dataset digest, ablation, settings)."""
+    carry the provenance (checkpoints, weights digests, dataset digest, ablation, settings). In a
+    comparison the summary, corpus.html and corpus.json hold (and are named by) both checkpoints."""
     meta = {"a": provenance(result), **({"b": provenance(other)} if other is not None else {})}
-    files = {name: (file_stem(result), df) for name, df in tables.items()}
+    files = {name: (file_stem(result, other if name == "summary" else None), df)
+             for name, df in tables.items()}
     if compared:  # columns named by checkpoint, as the view shows them
         named = named_compared(compared, (result.model, other.model))
         files |= {f"compare_{name}": (file_stem(result, other), df) for name, df in named.items()}
-    both = file_stem(result, other if compared else None)
+    both = file_stem(result, other)
     under = "" if result.ablation.is_empty else f" under `{result.ablation.summary(2)}`"
-    with st.expander(f"Download the tables of {result.dataset} through {result.model}{under} (CSV, Parquet), the "
+    through = result.model + (f" and {other.model}" if other is not None else "")
+    with st.expander(f"Download the tables of {result.dataset} through {through}{under} (CSV, Parquet), the "
                      "whole view (HTML, works offline) and its provenance (JSON)"):
         top = st.columns(2)
         top[0].download_button("corpus.html (this view as one page)",
@@ -290,6 +304,8 @@ def _results(model, path: str, mtime: float, ablation: Ablation, data, settings,
     tables = CR.tables(keys[0], top, min_count, frozen)
     compared = CR.compared(keys[0], keys[1], top, min_count, frozen) if len(keys) == 2 else None
     other = CR.result(keys[1]) if len(keys) == 2 else None
+    if other is not None:  # the summary names both checkpoints (on the page, in summary.csv and corpus.html)
+        tables = {**tables, "summary": both_summaries(tables["summary"], other.summary(), (result.model, other.model))}
     st.caption(f"{result.stats.n_rows:,} rows, {result.stats.n_tokens:,} tokens routed in "
                + " and ".join(f"{j.seconds:.2f} s ({n})" for n, j in zip(names, jobs))
                + "; cached per checkpoint, dataset, settings and ablation.")
