@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import errno
 import io
+import json
 import math
 import os
 import re
@@ -29,6 +30,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from routescope.analysis.export.csv_format import frame_csv_bytes
 from routescope.analysis.export.output_files import new_temporary
@@ -83,9 +86,6 @@ def frame_bytes(df: pd.DataFrame, fmt: str, provenance: dict | None = None) -> b
     if fmt == "csv":
         return frame_csv_bytes(df)
     if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         table = pa.Table.from_pandas(df.rename(columns=str), preserve_index=False)
         if provenance is not None:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}),
@@ -286,8 +286,6 @@ def html_table(df: pd.DataFrame, rows: int = PAGE_ROWS) -> str:
 def _records(df: pd.DataFrame) -> dict:
     """A table as {"columns": [...], "data": [[row], ...]} (column names once, not per row: half the
     bytes of records), floats to 6 significant digits (the files keep full precision)."""
-    import json
-
     return json.loads(df.to_json(orient="split", index=False, force_ascii=False, double_precision=6))
 
 

@@ -15,6 +15,10 @@ import json
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from routescope.analysis.inputs.files import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES, iter_lines, open_regular_file, shown
 
 SUFFIXES = (".txt", ".tsv", ".csv", ".jsonl", ".parquet", ".pq")
@@ -205,10 +209,6 @@ def _arrow_message(e: BaseException) -> str:
 
 
 def _parquet_records(f: IO[bytes], name: str) -> tuple[list[str], Records]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(f)
         columns = pf.schema_arrow.names
