@@ -10,24 +10,17 @@ parses that line).
 from __future__ import annotations
 
 import csv
-import os
 import re
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from routescope.analysis.export.table_files import read_csv
-from procs import free_port, running, wait_for_health
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-        "--no-first-run", "--disable-component-update", "--disable-sync"]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 TOGGLE_REPEATS = 5  # uncached toggles timed per checkpoint (seeds 0..4)
@@ -37,34 +30,6 @@ PLOTS_SHOW = ("e => { const ps = [...document.querySelectorAll('.js-plotly-plot'
 PROMPT_64 = ("Once upon a time, there was a little girl named Lily. She loved to play in the park with her red "
              "ball. One sunny Sunday, Lily saw a small dog near the big tree. The dog looked sad and lonely. "
              "Lily walked over and said, \"Hello, dear little dog!")  # 64 tokens with the shipped tokenizer (checked below)
-
-
-@pytest.fixture(scope="module")
-def app_url():
-    """The app in a session of its own, stopped with everything it started (procs.running), also
-    when a test fails or the run is interrupted."""
-    port = free_port()
-    env = {**os.environ, "ROUTESCOPE_THREADS": "1"}
-    ARTIFACTS.mkdir(exist_ok=True)
-    url = f"http://127.0.0.1:{port}"
-    # the app's output is kept (an unread pipe could fill and stall it)
-    with (ARTIFACTS / "routescope.app.log").open("w") as log, \
-            running([sys.executable, "-m", "routescope.cli", "app", "--port", str(port), "--headless", "--address",
-                     "127.0.0.1"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT) as proc:
-        wait_for_health(url, proc)
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (scripts/test does)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def _ready(page, text: str, timeout: float = 60_000) -> None:

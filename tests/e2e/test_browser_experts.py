@@ -1,18 +1,14 @@
 """In Chromium (Playwright) against `routescope app`: the Experts view measures olmoe-tiny and a
-128-expert OLMoE model (built from transformers' OlmoeConfig, saved with save_pretrained into a
-checkpoint root given by ROUTESCOPE_CHECKPOINTS) over a file on the server, and draws the heatmap,
+128-expert OLMoE model (built from transformers' OlmoeConfig, saved with save_pretrained into the
+shared app's extra checkpoint root) over a file on the server, and draws the heatmap,
 the proxy scatter and the pruning curves. Screenshots to test-artifacts/experts_*.png."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from procs import free_port, running, wait_for_health
-from test_browser import ARTIFACTS, ROOT, _idle, _pick, _ready, browser  # noqa: F401
+from test_browser import ARTIFACTS, ROOT, _idle, _pick, _ready
 
 pytestmark = pytest.mark.e2e
 TEXT = "\n".join(["Once upon a time, there was a little girl named Lily. She loved her toys and her dog.",
@@ -23,13 +19,11 @@ CHARTS_DRAWN = ("n => [...document.querySelectorAll('.js-plotly-plot')].filter(p
                 "(p.data || []).length).length >= n")
 
 
-@pytest.fixture(scope="module")
-def wide_root(tmp_path_factory):
-    """A checkpoint root holding olmoe-128x4: 128 experts (top-8) in 4 layers, random routers."""
+def _olmoe_128x4(path) -> None:
+    """olmoe-128x4 saved at `path`: 128 experts (top-8) in 4 layers, random routers."""
     import torch
-    from transformers import AutoModelForCausalLM, OlmoeConfig
+    from transformers import AutoModelForCausalLM, OlmoeConfig  # optional heavy dependency: the hf extra
 
-    root = tmp_path_factory.mktemp("roots")
     cfg = OlmoeConfig(vocab_size=4096, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=4, num_experts=128, num_experts_per_tok=8, max_position_embeddings=256,
                       tie_word_embeddings=True, pad_token_id=1, eos_token_id=0)
@@ -39,30 +33,18 @@ def wide_root(tmp_path_factory):
         for name, p in hf.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 p.normal_(0.0, 0.5)
-    hf.save_pretrained(root / "olmoe-128x4")
-    shutil.copyfile(ROOT / "checkpoints" / "olmoe-tiny" / "tokenizer.json", root / "olmoe-128x4" / "tokenizer.json")
-    return root
+    hf.save_pretrained(path)
+    shutil.copyfile(ROOT / "checkpoints" / "olmoe-tiny" / "tokenizer.json", path / "tokenizer.json")
 
 
 @pytest.fixture(scope="module")
-def app_url(wide_root, tmp_path_factory):
-    port = free_port()
-    # a temporary directory of its own: the Experts view resumes from rows cached there, and rows left by
-    # an earlier run would finish a sweep before the test sees its progress
-    env = {**os.environ, "ROUTESCOPE_THREADS": "1", "ROUTESCOPE_CHECKPOINTS": str(wide_root),
-           "TMPDIR": str(tmp_path_factory.mktemp("app-tmp"))}
-    ARTIFACTS.mkdir(exist_ok=True)
-    url = f"http://127.0.0.1:{port}"
-    with (ARTIFACTS / "routescope.experts-app.log").open("w") as log, \
-            running([sys.executable, "-m", "routescope.cli", "app", "--port", str(port), "--headless", "--address",
-                     "127.0.0.1"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT) as proc:
-        wait_for_health(url, proc)
-        yield url
+def wide_root(extra_checkpoint):
+    """The shared app's extra checkpoint root, holding olmoe-128x4."""
+    return extra_checkpoint("olmoe-128x4", _olmoe_128x4).parent
 
 
 @pytest.mark.parametrize("name, tokens, draws", [("olmoe-tiny", "2000", "8"), ("olmoe-128x4", "200", "2")])
-def test_experts_view_measures_and_draws(app_url, browser, tmp_path, name, tokens, draws):  # noqa: F811
+def test_experts_view_measures_and_draws(wide_root, app_url, browser, tmp_path, name, tokens, draws):
     data = tmp_path / "texts.txt"
     data.write_text(TEXT, encoding="utf-8")
     page = browser.new_page(viewport={"width": 1500, "height": 2600})

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from test_browser import ARTIFACTS, PLOTS_SHOW, _caption, _idle, _pick, _ready, app_url, browser  # noqa: F401
+from test_browser import ARTIFACTS, PLOTS_SHOW, _caption, _idle, _pick, _ready
 
 pytestmark = pytest.mark.e2e
 # every visible plotly figure draws a run of this model (layout.meta.model, set by the app)
@@ -17,7 +17,7 @@ MODEL_SHOWN = ("m => { const ps = [...document.querySelectorAll('.js-plotly-plot
 
 @pytest.mark.parametrize("name, layer, boxes", [("mixtral-tiny", "model.layers.0.mlp.gate", True),
                                                 ("olmoe-tiny", "model.layers.3.mlp.gate", False)])
-def test_the_shipped_hf_example_routes_and_drops_an_expert(app_url, browser, name, layer, boxes):  # noqa: F811
+def test_the_shipped_hf_example_routes_and_drops_an_expert(app_url, browser, name, layer, boxes):
     ARTIFACTS.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
     page.goto(app_url)

@@ -7,15 +7,11 @@ printed with the page height (read them with `pytest -s`). Screenshots: test-art
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from procs import free_port, running, wait_for_health
 from test_browser_hf import MODEL_SHOWN
-from test_browser import ARTIFACTS, ROOT, _caption_shows, _idle, _pick, _ready, browser  # noqa: F401
+from test_browser import ARTIFACTS, _caption_shows, _idle, _pick, _ready
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("transformers")
@@ -37,20 +33,11 @@ KL_VALUES = ("() => JSON.stringify([...document.querySelectorAll('.js-plotly-plo
 
 
 @pytest.fixture(scope="module")
-def scale_app(tmp_path_factory):
-    root = tmp_path_factory.mktemp("scale")
-    scale_moe(root / "qwen3-moe-128x24", experts=128, layers=24)
-    scale_moe(root / "qwen3-moe-128x48", experts=128, layers=48)
-    port = free_port()
-    env = {**os.environ, "ROUTESCOPE_THREADS": "1", "ROUTESCOPE_CHECKPOINTS": str(root)}
-    ARTIFACTS.mkdir(exist_ok=True)
-    url = f"http://127.0.0.1:{port}"
-    with (ARTIFACTS / "routescope.scale-app.log").open("w") as log, \
-            running([sys.executable, "-m", "routescope.cli", "app", "--port", str(port), "--headless", "--address",
-                     "127.0.0.1"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT) as proc:
-        wait_for_health(url, proc)
-        yield url
+def scale_root(extra_checkpoint):
+    """The shared app's extra checkpoint root, holding qwen3-moe-128x24 and qwen3-moe-128x48."""
+    for layers in (24, 48):
+        path = extra_checkpoint(f"qwen3-moe-128x{layers}", lambda p, n=layers: scale_moe(p, experts=128, layers=n))
+    return path.parent
 
 
 def _few_new_tokens(page, n: int = 2) -> None:
@@ -93,9 +80,9 @@ def _open_per_layer(page, inside: str = "Drop in this layer") -> None:
     ("olmoe-tiny", "model.layers.3.mlp.gate:!0-7", "drop model.layers.3.mlp.gate:8-15"),
     ("mixtral-tiny", None, "drop *:1"),
 ])
-def test_controls_and_ablation_diff_at_scale(scale_app, browser, name, drop, expect):  # noqa: F811
+def test_controls_and_ablation_diff_at_scale(scale_root, app_url, browser, name, drop, expect):
     page = browser.new_page(viewport=VIEWPORT)
-    page.goto(scale_app)
+    page.goto(app_url)
     _ready(page, "updated in")
     _few_new_tokens(page)
     _pick(page, name)
@@ -131,9 +118,9 @@ def test_controls_and_ablation_diff_at_scale(scale_app, browser, name, drop, exp
     page.close()
 
 
-def test_128_experts_by_48_layers_fit_one_screen(scale_app, browser):  # noqa: F811
+def test_128_experts_by_48_layers_fit_one_screen(scale_root, app_url, browser):
     page = browser.new_page(viewport=VIEWPORT)
-    page.goto(scale_app)
+    page.goto(app_url)
     _ready(page, "updated in")
     _few_new_tokens(page)
     _pick(page, "qwen3-moe-128x48")

@@ -9,7 +9,6 @@ figure was drawn and the page was read to its end."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -22,8 +21,6 @@ from routescope.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CK = ROOT / "checkpoints" / "papaformer-gumbel-v2"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 # every payload calls __ran(k) if a browser ever runs it
 PAYLOADS = [
@@ -100,33 +97,24 @@ def test_no_payload_verbatim_and_the_json_reads_back(pages):
 
 
 @pytest.mark.e2e
-def test_nothing_runs_in_chromium(pages):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (scripts/test does)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            for name in ("corpus", "report", "grid", "figure"):
-                page = browser.new_page()
-                dialogs = []
-                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-                page.add_init_script("window.__hits = []; window.__ran = k => window.__hits.push(k);")
-                page.goto(pages[name].as_uri(), wait_until="load")
-                figures = page.locator(".plotly-graph-div").count()
-                page.wait_for_function(f"() => document.querySelectorAll('.plotly-graph-div .main-svg').length >= "
-                                       f"{figures}", timeout=60_000)
-                page.wait_for_timeout(300)  # an onerror of a broken image fires after load
-                assert page.evaluate("window.__hits") == [], name
-                assert dialogs == [], name
-                assert page.evaluate("document.querySelectorAll('iframe, svg[onload], img[onerror]').length") == 0
-                if name == "corpus":  # the whole page was read: the data block parses, every section is there
-                    doc = page.evaluate("JSON.parse(document.getElementById('corpus-data').textContent)")
-                    assert json.loads(pages["json"].read_text())["tables"] == sorted(doc["tables"])
-                    assert figures >= len(LABELS)  # one label-share figure per hostile column, and more
-                if name == "grid":
-                    assert page.locator("#end").count() == 1
-                page.close()
-        finally:
-            browser.close()
+def test_nothing_runs_in_chromium(pages, browser):  # the run's one Chromium (tests/conftest.py)
+    for name in ("corpus", "report", "grid", "figure"):
+        page = browser.new_page()
+        dialogs = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.add_init_script("window.__hits = []; window.__ran = k => window.__hits.push(k);")
+        page.goto(pages[name].as_uri(), wait_until="load")
+        figures = page.locator(".plotly-graph-div").count()
+        page.wait_for_function(f"() => document.querySelectorAll('.plotly-graph-div .main-svg').length >= "
+                               f"{figures}", timeout=60_000)
+        page.wait_for_timeout(300)  # an onerror of a broken image fires after load
+        assert page.evaluate("window.__hits") == [], name
+        assert dialogs == [], name
+        assert page.evaluate("document.querySelectorAll('iframe, svg[onload], img[onerror]').length") == 0
+        if name == "corpus":  # the whole page was read: the data block parses, every section is there
+            doc = page.evaluate("JSON.parse(document.getElementById('corpus-data').textContent)")
+            assert json.loads(pages["json"].read_text())["tables"] == sorted(doc["tables"])
+            assert figures >= len(LABELS)  # one label-share figure per hostile column, and more
+        if name == "grid":
+            assert page.locator("#end").count() == 1
+        page.close()
