@@ -22,12 +22,16 @@ class Ablation:
     `modes` names ablations a family defines beyond dropping and forcing (`model.ablation_modes()`,
     e.g. pgpt's "pgpt1-reference", the authors' pgpt-1 evaluation). Hashable, so it can key caches.
     `specs`: the specs as given (e.g. "*:top8"), for provenance; not part of equality (the pairs are).
+    `below_top_k`: a top-k layer may keep fewer options than its router picks per token (it then routes
+    with those left); for analyses that mask options (Shapley coalitions), never for a user's ablation,
+    which `validate` refuses there (the router would pick a dropped option, or silently fewer).
     """
 
     drop: tuple[tuple[str, int], ...] = ()
     force: tuple[tuple[str, int], ...] = ()
     modes: tuple[str, ...] = ()
     specs: tuple[str, ...] = field(default=(), compare=False)
+    below_top_k: bool = False
 
     def __post_init__(self) -> None:
         # a spec given twice is one spec
@@ -175,7 +179,7 @@ class Ablation:
                 continue
             k, routed = (top_k or {}).get(l, (0, n))
             left = routed - sum(1 for o in self.dropped(l) if o < routed)
-            if self.forced(l) is None and left < k:  # its router would still pick a dropped option
+            if self.forced(l) is None and left < k and not self.below_top_k:  # it would pick a dropped option
                 say(f"fewer options left than the router picks per token (top-{k}); drop at most "
                     f"{routed - k} or force one", f"layer {l!r} keeps {left} of {routed}")
         return bad

@@ -20,8 +20,10 @@ option) - or of each option index across all layers (scope="global") - to the sa
   turns a mask into an `Ablation` dropping the masked-out options. A layer must keep one option,
   so when a coalition masks out every option of a layer, that layer keeps its `fallback` option
   (0 by default). The baseline (all masked) is therefore "every routing layer reduced to its
-  fallback option", and the values sum (efficiency) to f(all) - f(baseline), reported as
-  `reference_log_prob`. Permutations come from a torch.Generator seeded with `seed`.
+  fallback option" (a top-k layer then routes each token to it alone: coalitions may keep fewer
+  options than its top-k, `Ablation.below_top_k`), and the values sum (efficiency) to
+  f(all) - f(baseline), reported as `reference_log_prob`. Permutations come from a torch.Generator
+  seeded with `seed`.
 """
 from __future__ import annotations
 
@@ -269,7 +271,7 @@ class PathAttribution:
         for layer, n in self.layers.items():
             if sum((layer, o) in drop for o in range(n)) == n:
                 drop.discard((layer, self.fallback))
-        return Ablation(drop=tuple(sorted(drop)))
+        return Ablation(drop=tuple(sorted(drop)), below_top_k=True)  # a coalition may keep fewer than top-k
 
     def _objective(self, ids: torch.Tensor, p: int, token: int, routing: str, seed: int,
                    feats: list[tuple[str, int]]) -> Callable[[list[bool]], float]:

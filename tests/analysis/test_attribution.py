@@ -110,7 +110,7 @@ def test_shapley_efficiency(key):
     df = pa.attribute(IDS, target_position=6, method="shapley", n_samples=6, seed=1)
     token = int(df[C.TOKEN_ID][0])
     layers = model.routing_layers()
-    baseline = Ablation(drop=tuple((l, o) for l, n in layers.items() for o in range(1, n)))
+    baseline = Ablation(drop=tuple((l, o) for l, n in layers.items() for o in range(1, n)), below_top_k=True)
     f_all, f_base = log_prob(model, IDS, 6, token), log_prob(model, IDS, 6, token, baseline)
     assert_close_to_scale(df[C.REFERENCE_LOG_PROB].iloc[0], f_base, FORWARD_EPS, msg="baseline log-prob")
     # efficiency: the contributions telescope to f_all - f_base; rounding is eps of the log-probs' size
