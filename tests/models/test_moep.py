@@ -148,8 +148,10 @@ def test_dropped_block_never_selected_or_run(cached):
 
 
 def test_dropping_leaves_fewer_than_k():
+    """Where an analysis masks options below top-k (Shapley coalitions; a user's ablation is refused),
+    the router picks among those left."""
     m = tiny()
-    ab = Ablation(drop=(("parallel.1", 0), ("parallel.1", 1), ("parallel.1", 3)))
+    ab = Ablation(drop=(("parallel.1", 0), ("parallel.1", 1), ("parallel.1", 3)), below_top_k=True)
     with torch.no_grad(), tracing(["parallel.1.router.indices", "parallel.1.router.weights"]) as tr:
         m(ids(), ablation=ab)
     assert (tr["parallel.1.router.indices"] == 2).all() and tr["parallel.1.router.indices"].shape[-1] == 1
