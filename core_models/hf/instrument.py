@@ -27,27 +27,26 @@ _NORMALISERS = {F.softmax, torch.softmax, torch.Tensor.softmax, F.sigmoid, torch
 _ADD = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
 
 
-def _choice_biases(router: nn.Module, n: int) -> list[torch.Tensor]:
-    """Router tensors that may be added to its scores before selection: named `*bias`, one entry per expert."""
-    return [t for name, t in [*router.named_parameters(), *router.named_buffers()]
-            if name.endswith("bias") and t.numel() == n]
+# the torch ops a record may name as the one whose first result inside the router is the logits
+LOGITS_OPS = {"linear": {F.linear}, "mm": {torch.mm, torch.Tensor.mm, torch.matmul, torch.Tensor.matmul}}
 
 
-def _same_storage(x: Any, biases: list[torch.Tensor]) -> bool:
-    if not isinstance(x, torch.Tensor):
-        return False
-    ptr = x.untyped_storage().data_ptr()
-    return any(ptr == b.untyped_storage().data_ptr() and x.numel() == b.numel() for b in biases)
+def _same_storage(x: Any, bias: torch.Tensor) -> bool:
+    return isinstance(x, torch.Tensor) and x.numel() == bias.numel() and \
+        x.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
 
 
 class _InsideRouter(TorchFunctionMode):
-    """Watches the ops of one router call: masks the logits (and biased selection scores) of the
-    experts the call drops, and keeps the router's probabilities as its own op computed them."""
+    """Watches the ops of one router call, as its type's record (`Quirk`) describes the router: masks
+    the logits (the first result of one of `logits_ops`) of the experts the call drops, and their
+    selection scores where the router adds the record's selection bias (`bias`) to them; keeps the
+    router's probabilities as its own softmax or sigmoid computed them, over every expert."""
 
-    def __init__(self, dropped: frozenset[int], want_probs: bool, biases: list[torch.Tensor], mask: float,
-                 row_mask: torch.Tensor | None = None) -> None:
+    def __init__(self, dropped: frozenset[int], want_probs: bool, bias: torch.Tensor | None, mask: float,
+                 row_mask: torch.Tensor | None = None, logits_ops: tuple[str, ...] = ("linear",)) -> None:
         super().__init__()
-        self.dropped, self.want_probs, self.biases, self.mask = sorted(dropped), want_probs, biases, mask
+        self.dropped, self.want_probs, self.bias, self.mask = sorted(dropped), want_probs, bias, mask
+        self.logits_ops = set().union(*(LOGITS_OPS[o] for o in logits_ops))
         self.row_mask = row_mask  # [batch, n] True where that row drops the expert (rows differ), else None
         self.logits: torch.Tensor | None = None
         self.probs: torch.Tensor | None = None
@@ -61,14 +60,14 @@ class _InsideRouter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.logits is None:
-            if func is F.linear:  # the router's linear: its logits
+            if func in self.logits_ops:  # the router's linear: its logits
                 if self.dropped:
                     out = self._mask(out, self.mask)
                 self.logits = out
         elif (self.want_probs and self.probs is None and func in _NORMALISERS and isinstance(out, torch.Tensor)
               and out.shape == self.logits.shape):
             self.probs = out
-        elif self.dropped and self.biases and func in _ADD and any(_same_storage(a, self.biases) for a in args):
+        elif self.dropped and self.bias is not None and func in _ADD and any(_same_storage(a, self.bias) for a in args):
             out = self._mask(out, DROPPED_CHOICE)
         return out
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..sites import RoutingLayer
+from .quirks import GENERIC, LOGITS, PROBS, Quirk, quirk
 
 ROUTER_LOGITS = "router_logits"  # transformers' recorder key for its routers
 
@@ -19,13 +20,16 @@ class UnsupportedMoE(ValueError):
 
 @dataclass(frozen=True)
 class MoEBlock:
-    """One MoE block of a transformers model, as `moe_layout` found it (module paths)."""
+    """One MoE block of a transformers model, as `moe_layout` found it (module paths) by its type's record."""
 
     router: str  # the recorded router: the routing layer's name
-    experts: str  # its sibling, called as experts(hidden, top_k_index, top_k_weights)
-    logits_index: int  # where the router's output holds its logits (the recorder's index)
+    experts: str  # its sibling, called as experts(hidden_states, top_k_index, top_k_weights)
+    logits_index: int | None  # where the router's output holds its logits (None: its linear's result)
     n_experts: int  # routed experts: the width of the router's logits
     top_k: int
+    quirk: Quirk = GENERIC  # its type's record
+    probs_index: int | None = None  # where the router's output holds its probabilities, if it returns them
+    choice_bias: str | None = None  # the tensor added to its scores before selection
     shared: str | None = None  # a shared expert that runs for every token
     shared_gate: str | None = None  # its gate linear
 
@@ -64,18 +68,25 @@ def _n_experts(router: nn.Module, index: int) -> int:
         return int(w.shape[0])
 
 
-TOP_K_FIELDS = ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k",
-                "top_k_experts")
+def _resolve(source: Any, path: str) -> Any:
+    """`source.a.b` for path "a.b" (None where an attribute is missing)."""
+    for part in path.split("."):
+        source = getattr(source, part, None)
+    return source
 
 
-def _top_k(router: nn.Module, config: Any) -> int:
-    """Experts per token: the router's `top_k`, else the (text) config's field for it."""
-    for source in (router, getattr(config, "text_config", None), config):
-        for f in TOP_K_FIELDS:
-            v = getattr(source, f, None) if source is not None else None
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                return v
-    return 1
+def _text_config(config: Any) -> Any:
+    return getattr(config, "text_config", None) or config
+
+
+def _top_k(router: nn.Module, config: Any, q: Quirk) -> int:
+    """Experts per token where the record says: the router's attribute or the (text) config's field."""
+    where, _, path = q.top_k.partition(".")
+    v = _resolve(router if where == "router" else _text_config(config), path)
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise UnsupportedMoE(f"its record reads experts per token from {q.top_k}, which "
+                             f"{type(router).__name__ if where == 'router' else 'its config'} does not hold")
+    return v
 
 
 def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
@@ -101,40 +112,56 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
         parent = named[orphans[0].rsplit(".", 1)[0]] if "." in orphans[0] else hf_model
         raise UnsupportedMoE(f"its MoE block {type(parent).__name__} ({orphans[0]}) routes without a router that "
                              f"transformers records for {ROUTER_LOGITS}")
-    blocks = []
-    for name, router in routers:
-        parent = name.rsplit(".", 1)[0] if "." in name else ""
-        block = named[parent]
-        experts = getattr(block, "experts", None)
-        if not isinstance(experts, nn.Module):
-            raise UnsupportedMoE(f"its MoE block {type(block).__name__} has no `experts` module beside the router "
-                                 f"{type(router).__name__} (RouteScope reads routes where a block calls "
-                                 "experts(hidden, top_k_index, top_k_weights))")
-        params = [p for p in inspect.signature(type(experts).forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]  # the class's: not a wrapper's
-        if len(params) < 3:
-            raise UnsupportedMoE(f"its MoE block {type(block).__name__} calls {type(experts).__name__}"
-                                 f"({', '.join(p.name for p in params)}) without the top-k indices and weights "
-                                 "(RouteScope reads routes at experts(hidden, top_k_index, top_k_weights))")
-        kids = dict(block.named_children())
-        shared = [k for k, m in kids.items() if k.startswith("shared") and "gate" not in k
-                  and any(True for _ in m.parameters())]
-        gates = [k for k in kids if k.startswith("shared") and "gate" in k]
-        at = index[next(c for c in classes if isinstance(router, c))]
-        blocks.append(MoEBlock(router=name, experts=f"{parent}.experts", logits_index=at,
-                               n_experts=_n_experts(router, at), top_k=_top_k(router, hf_model.config),
-                               shared=f"{parent}.{shared[0]}" if shared else None,
-                               shared_gate=f"{parent}.{gates[0]}" if gates else None))
-    return blocks
+    q = quirk(getattr(hf_model.config, "model_type", ""))
+    if q.refused:
+        raise UnsupportedMoE(q.refused)
+    return [_block(name, router, named, index[next(c for c in classes if isinstance(router, c))], q, hf_model.config)
+            for name, router in routers]
 
 
+def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q: Quirk, config: Any) -> MoEBlock:
+    """The MoE block around `router` as its record `q` describes it, or UnsupportedMoE naming what the
+    record expects and the model lacks."""
+    parent = name.rsplit(".", 1)[0] if "." in name else ""
+    block = named[parent]
+    where = f"its MoE block {type(block).__name__}"
+    experts = getattr(block, "experts", None)
+    call = "experts(hidden, top_k_index, top_k_weights)"  # the wording of refusals (README support table)
+    if not isinstance(experts, nn.Module):
+        raise UnsupportedMoE(f"{where} has no `experts` module beside the router {type(router).__name__} "
+                             f"(RouteScope reads routes where a block calls {call})")
+    params = [p for p in inspect.signature(type(experts).forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]  # the class's: not a wrapper's
+    if len(params) < 3:
+        raise UnsupportedMoE(f"{where} calls {type(experts).__name__}({', '.join(p.name for p in params)}) without "
+                             f"the top-k indices and weights (RouteScope reads routes at {call})")
+    n = _n_experts(router, at)
+    for child in (q.shared, q.shared_gate):
+        if child is not None and not isinstance(getattr(block, child, None), nn.Module):
+            raise UnsupportedMoE(f"{where} has no `{child}`, which its record names ({q.why})")
+    bias = None
+    if q.choice_bias is not None:
+        t = _resolve(block, q.choice_bias)
+        if not isinstance(t, torch.Tensor) or t.numel() != n:
+            raise UnsupportedMoE(f"{where} has no selection bias `{q.choice_bias}` with one entry per expert, which "
+                                 f"its record names ({q.why})")
+        bias = f"{parent}.{q.choice_bias}" if parent else q.choice_bias
+    logits = q.output.index(LOGITS) if LOGITS in q.output else None
+    if logits is not None and logits != at:
+        raise UnsupportedMoE(f"its router {type(router).__name__} gives transformers' router_logits at output {at}, "
+                             f"its record at {logits} ({', '.join(q.output)})")
+    return MoEBlock(router=name, experts=f"{parent}.experts", logits_index=logits, n_experts=n,
+                    top_k=_top_k(router, config, q), quirk=q,
+                    probs_index=q.output.index(PROBS) if PROBS in q.output else None, choice_bias=bias,
+                    shared=f"{parent}.{q.shared}" if q.shared else None,
+                    shared_gate=f"{parent}.{q.shared_gate}" if q.shared_gate else None)
 
-FINAL_NORMS = ("norm", "final_layernorm", "ln_f", "final_norm", "norm_f")
 
-
-def _decoder_stack(hf: nn.Module, routers: list[str]) -> tuple[str | None, dict[str, int], tuple[str, str]]:
+def _decoder_stack(hf: nn.Module, routers: list[str], final_norm: str | None
+                   ) -> tuple[str | None, dict[str, int], tuple[str, str]]:
     """(path of the ModuleList of decoder layers holding every router, router -> its decoder layer's
-    index, (final norm path, output embedding path)); (None, {}, ("", "")) where there is no such stack."""
+    index, (final norm path, output embedding path)); (None, {}, ("", "")) where there is no such stack
+    or no final norm of the record's name (`final_norm`) beside it."""
     named = dict(hf.named_modules())
     found: dict[str, tuple[str, int]] = {}
     for r in routers:
@@ -150,9 +177,8 @@ def _decoder_stack(hf: nn.Module, routers: list[str]) -> tuple[str | None, dict[
         return None, {}, ("", "")
     stack = stacks.pop()
     parent = stack.rsplit(".", 1)[0] if "." in stack else ""
-    norm = next((f"{parent}.{n}" if parent else n for n in FINAL_NORMS
-                 if isinstance(named.get(f"{parent}.{n}" if parent else n), nn.Module)), None)
-    if norm is None:
+    norm = (f"{parent}.{final_norm}" if parent else final_norm) if final_norm else None
+    if norm is None or not isinstance(named.get(norm), nn.Module):
         return None, {}, ("", "")
     return stack, {r: i for r, (_, i) in found.items()}, (norm, head_path)
 
@@ -166,6 +192,7 @@ class HFRoutingLayer(RoutingLayer):
 
     def __init__(self, block: MoEBlock, roles: dict[str, str]) -> None:
         super().__init__()
+        self.unavailable = dict(block.quirk.unavailable)  # role -> why its site stays empty for this type
         self.block, self.name, self.n_experts, self.top_k = block, block.router, block.n_experts, block.top_k
         self.shared = bool(block.shared)
         self.n_options = self.n_experts + self.shared

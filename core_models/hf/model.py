@@ -13,13 +13,14 @@ from ..sites import INDICES, LOGITS, PROBS, WEIGHTS, Site, site_name
 from ..specs import AblationError
 from ..trace import Trace, active_trace
 from .config import HFConfig
-from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _InsideRouter, _choice_biases, _site, _unwrap,
+from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _InsideRouter, _site, _unwrap,
                          _wrap)
-from .layout import HFRoutingLayer, _decoder_stack, moe_layout
+from .layout import HFRoutingLayer, _decoder_stack, _resolve, moe_layout
 from .prune import PruneMixin
-from .quirks import LOGIT_MASK
+from .quirks import EXPERTS_CALL, quirk
 from .resume import ResumeMixin
 
+SHARED_OUTPUT = "shared_output"  # the role of a shared expert's output
 LOAD_BALANCE = "load_balance"  # the auxiliary loss term transformers computes with output_router_logits
 
 
@@ -36,20 +37,20 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
             config.transformers_config(), trust_remote_code=False)
         layers: dict[str, HFRoutingLayer] = {}
         sites: dict[str, Site] = {}
-        self._biases: dict[str, list[torch.Tensor]] = {}
+        self.quirk = quirk(config.model_type)  # what differs for this type from the generic block, and why
         for block in moe_layout(self.hf):
             name, n, k = block.router, block.n_experts, block.top_k
-            router = self.hf.get_submodule(name)
             shapes = {LOGITS: f"[batch, pos, {n}] router logits (dropped experts -inf)",
                       INDICES: f"[batch, pos, {k}] experts the block routed to (the experts module's input)",
                       WEIGHTS: f"[batch, pos, {k}] their weights (the experts module's input)",
                       PROBS: f"[batch, pos, {n}] the router's own probabilities (where it computes them)"}
+            if block.shared:
+                shapes[SHARED_OUTPUT] = "[batch, pos, hidden] the shared expert's output (before any gate; 0 dropped)"
             roles = {role: site_name(name, role) for role in shapes}
             for role, site in roles.items():
                 sites[site] = _site(site, shapes[role])
             layers[name] = HFRoutingLayer(block, roles)
-            self._biases[name] = _choice_biases(router, n)
-            _wrap(router, self, HFModel._router_forward, name)
+            _wrap(self.hf.get_submodule(name), self, HFModel._router_forward, name)
             _wrap(self.hf.get_submodule(block.experts), self, HFModel._experts_forward, name)
             if block.shared:
                 _wrap(self.hf.get_submodule(block.shared), self, HFModel._shared_forward, name)
@@ -62,7 +63,7 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
         self.attn_layers = []
         self._offload: Any = None  # load_hf's offload folder under device_map="auto"
         self._detached = False
-        self._stack, self._decoder_of, self._tail = _decoder_stack(self.hf, list(layers))
+        self._stack, self._decoder_of, self._tail = _decoder_stack(self.hf, list(layers), self.quirk.final_norm)
         if self._stack is not None:
             stack = self.hf.get_submodule(self._stack)
             for i, layer in enumerate(stack):
@@ -106,34 +107,47 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
         dropped, row_mask = self._dropped_now(name, st) if st.row_ablations is not None or not st.ablation.is_empty \
             else (_NONE, None)
         layer = self.routing_modules[name]
-        want_probs = tr is not None and tr.wants(layer.roles[PROBS])
+        block = layer.block
+        want_probs = tr is not None and block.probs_index is None and PROBS not in layer.unavailable \
+            and tr.wants(layer.roles[PROBS])
+        want_logits = tr is not None and block.logits_index is None and tr.wants(layer.roles[LOGITS])
         mode = None
-        if dropped or want_probs:
-            mode = _InsideRouter(dropped, want_probs, self._biases[name],
-                                 LOGIT_MASK.get(self.config.model_type, float("-inf")), row_mask)
+        if dropped or want_probs or want_logits:
+            bias = _resolve(self.hf, block.choice_bias) if dropped and block.choice_bias else None
+            mode = _InsideRouter(dropped, want_probs, bias, self.quirk.logit_mask, row_mask, self.quirk.logits_ops)
             with mode:
                 output = inner(*args, **kwargs)
         else:
             output = inner(*args, **kwargs)
         if tr is not None:
-            logits = output[layer.block.logits_index] if isinstance(output, (tuple, list)) else output
-            self._visit(tr, layer.roles[LOGITS], logits)
-            if mode is not None and mode.probs is not None:
+            many = isinstance(output, (tuple, list))
+            if block.logits_index is not None:
+                self._visit(tr, layer.roles[LOGITS], output[block.logits_index] if many else output)
+            elif mode is not None:
+                self._visit(tr, layer.roles[LOGITS], mode.logits)
+            if block.probs_index is not None:
+                self._visit(tr, layer.roles[PROBS], output[block.probs_index])
+            elif mode is not None and mode.probs is not None:
                 self._visit(tr, layer.roles[PROBS], mode.probs)
         return output
 
     def _experts_forward(self, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
-        """Every MoE block transformers ships calls experts(hidden, top_k_index, top_k_weights) positionally
-        (tests/analysis/test_hf_coverage.py checks each type)."""
-        if len(args) >= 3:
-            cap = _CAPTURE.get()
-            if cap is not None:
-                cap.experts[name] = tuple(args[:3])
-            tr = active_trace()
-            if tr is not None:
-                roles = self.routing_modules[name].roles
-                self._visit(tr, roles[INDICES], args[1])
-                self._visit(tr, roles[WEIGHTS], args[2])
+        """The experts of routing layer `name`, called as experts(hidden_states, top_k_index,
+        top_k_weights) (`quirks.EXPERTS_CALL`; `moe_layout` checked the signature at load), positionally or
+        by name. A call without the indices and weights is refused, never passed on unrecorded."""
+        got = [args[j] if j < len(args) else kwargs.get(k) for j, k in enumerate(EXPERTS_CALL)]
+        if any(x is None for x in got):
+            raise ValueError(f"{self.config.model_type}: {name}'s experts were called without "
+                             f"{', '.join(k for k, x in zip(EXPERTS_CALL, got) if x is None)}; its record expects "
+                             f"experts({', '.join(EXPERTS_CALL)})")
+        cap = _CAPTURE.get()
+        if cap is not None:
+            cap.experts[name] = tuple(got)
+        tr = active_trace()
+        if tr is not None:
+            roles = self.routing_modules[name].roles
+            self._visit(tr, roles[INDICES], got[1])
+            self._visit(tr, roles[WEIGHTS], got[2])
         return inner(*args, **kwargs)
 
     def _visit(self, tr: Trace, site: str, x: Any) -> None:
@@ -148,11 +162,12 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
         if st.row_ablations is not None:
             drop = torch.tensor([option in a.dropped(layer) for a in st.row_ablations], device=output.device)
             if bool(drop.any()):
-                return output.reshape(drop.shape[0], -1).masked_fill(drop[:, None], 0).reshape(output.shape)
-            return output
-        ab = st.ablation
-        if not ab.is_empty and option in ab.dropped(layer):
-            return torch.zeros_like(output)
+                output = output.reshape(drop.shape[0], -1).masked_fill(drop[:, None], 0).reshape(output.shape)
+        elif not st.ablation.is_empty and option in st.ablation.dropped(layer):
+            output = torch.zeros_like(output)
+        tr = active_trace()
+        if tr is not None:
+            self._visit(tr, self.routing_modules[layer].roles[SHARED_OUTPUT], output)
         return output
 
     def _gate_forward(self, site: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -203,7 +218,7 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
                                     "runs; force a routed expert (0.."
                                     f"{m.n_experts - 1}) or drop the shared one")
             left = m.n_experts - len(self._dropped_experts(layer, ab))
-            if self.config.model_type in LOGIT_MASK and 0 < left < m.top_k:
+            if self.quirk.logit_mask != float("-inf") and 0 < left < m.top_k:
                 raise AblationError(f"invalid ablation: {layer!r} keeps {left} routed expert(s) but "
                                     f"{self.config.model_type} routes each token to {m.top_k}: with a finite mask "
                                     "its router would still weight a dropped expert; keep at least "

@@ -22,8 +22,11 @@ class PruneMixin:
             if not 1 <= n <= m.n_experts - m.top_k:
                 return (f"layer {name} has {m.n_experts} experts and routes each token to {m.top_k}; "
                         f"prune 1..{m.n_experts - m.top_k}")
-        if _expert_count_field(self.hf.config) is None:
-            return f"{self.config.model_type}'s config has none of {', '.join(EXPERT_COUNT_FIELDS)}"
+        q = self.quirk
+        if q.reason("prune"):
+            return f"{q.model_type}: {q.reason('prune')}"
+        if _expert_count_field(self.hf.config, q.expert_count) is None:
+            return f"{q.model_type}'s config has no integer {q.expert_count} (its record's expert count)"
         return None
 
     def pruned_copy(self, drop: dict[str, list[int]]) -> nn.Module:
@@ -37,7 +40,7 @@ class PruneMixin:
         if set(drop) != set(self.routing_modules) or len(counts) != 1:
             raise ValueError("pruning removes the same number of experts from every MoE layer")
         cfg = copy.deepcopy(self.hf.config)
-        text, field_ = _expert_count_field(cfg)
+        text, field_ = _expert_count_field(cfg, self.quirk.expert_count)
         setattr(text, field_, getattr(text, field_) - counts.pop())
         new = AutoModelForCausalLM.from_config(cfg, dtype=next(self.hf.parameters()).dtype)
         state = self.hf.state_dict()
@@ -74,10 +77,14 @@ class PruneMixin:
                 hf_logging.enable_progress_bar()
 
 
-EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-
-
-def _expert_count_field(config: Any) -> tuple[Any, str] | None:
-    text = getattr(config, "text_config", None) or config
-    f = next((f for f in EXPERT_COUNT_FIELDS if isinstance(getattr(text, f, None), int)), None)
-    return None if f is None else (text, f)
+def _expert_count_field(config: Any, path: str | None) -> tuple[Any, str] | None:
+    """(config object, field) of the record's expert count `path` ("num_experts", "ffn_config.moe_num_experts")
+    in the (text) config, or None where it does not hold an integer there."""
+    if path is None:
+        return None
+    source = getattr(config, "text_config", None) or config
+    *outer, field_ = path.split(".")
+    for part in outer:
+        source = getattr(source, part, None)
+    v = getattr(source, field_, None)
+    return (source, field_) if isinstance(v, int) and not isinstance(v, bool) else None

@@ -1,13 +1,148 @@
-"""What differs, model type by model type, from the generic way RouteScope reads transformers' MoE blocks."""
+"""What differs, model type by model type, from the generic way RouteScope reads a transformers MoE block.
+
+The generic block (`GENERIC`; Mixtral, OLMoE, Qwen3-MoE, ...): a router whose first `F.linear` gives the
+logits and returns (logits, top-k weights, top-k indices); a softmax over every expert, then top-k;
+`experts(hidden_states, top_k_index, top_k_weights)`; `num_experts` and the router's `top_k` in the
+config and module; no shared expert; the decoder stack ends in `norm`. A type that differs in any of
+that has one `Quirk` record below, stated from transformers 5.23's own modeling files (each `why`
+names what its router does). `moe_layout` checks every record against the model transformers builds
+and refuses, in one line, a model that does not match its record. Adding a quirk: one record here.
+"""
 from __future__ import annotations
 
-# Model types transformers ships whose routing RouteScope cannot follow yet, each with the reason
-# (plain data: the refusal names it). Every other type is opened by `moe_layout` or refused by it.
-REFUSED: dict[str, str] = {
-    "zaya": "its router is an MLP whose last layer gives the logits (RouteScope masks a dropped expert at the "
-            "router's first linear); not supported yet",
-}
-# The value a dropped expert's logit takes, where -inf does not serve (plain data, one row a type).
-LOGIT_MASK: dict[str, float] = {
-    "phimoe": -1e9,  # its sparsemixer subtracts logits from their maximum: -inf - -inf would be NaN
-}
+from dataclasses import dataclass, replace
+
+LOGITS, PROBS = "logits", "probs"
+EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")  # what every block passes its experts
+
+
+@dataclass(frozen=True)
+class Quirk:
+    """One model type's routing, where it differs from the generic block (field defaults are the generic one)."""
+
+    model_type: str
+    why: str  # what differs and why, in one line (shown where a role or a type is refused)
+    output: tuple[str, ...] = ("logits", "weights", "indices")  # the router's return value, element by element
+    scoring: str = "softmax"  # softmax | sigmoid | softmax over the top-k | sparsemixer | MLP router
+    logits_ops: tuple[str, ...] = ("linear",)  # torch ops whose first result inside the router is the logits
+    choice_bias: str | None = None  # the tensor (path from the MoE block) added to scores before selection
+    top_k: str = "router.top_k"  # experts per token: "router.<attr>" or "config.<field>" (text config)
+    expert_count: str | None = "num_experts"  # the (text) config field counting routed experts: lowered by pruning
+    shared: str | None = None  # the MoE block's shared expert (runs for every token), by child name
+    shared_gate: str | None = None  # its gate linear, by child name
+    final_norm: str | None = "norm"  # the final norm beside the decoder layers' ModuleList (None: no resume)
+    logit_mask: float = float("-inf")  # a dropped expert's logit
+    unavailable: tuple[tuple[str, str], ...] = ()  # (role, why it has no site for this type)
+    refused: str | None = None  # why RouteScope cannot follow this type at all
+
+    def reason(self, role: str) -> str | None:
+        """Why `role` is not recorded for this type (None: it is)."""
+        return dict(self.unavailable).get(role)
+
+
+GENERIC = Quirk("*", "the common transformers MoE block: linear logits, softmax over every expert, top-k")
+
+_TOPK_SOFTMAX = ((PROBS, "its router applies its softmax to the top-k logits only: there is no probability "
+                         "over every expert"),)
+# DeepSeek-V3's router and the many types transformers derives from it (modular files): sigmoid scores, the
+# selection made on scores + e_score_correction_bias (group-limited where n_group > 1), weights gathered
+# from the unbiased scores; shared experts beside the routed ones
+_DEEPSEEK_V3 = Quirk("", "DeepSeek-V3's router: sigmoid scores, selection on scores + e_score_correction_bias, "
+                         "shared experts", scoring="sigmoid", choice_bias="gate.e_score_correction_bias",
+                     expert_count="n_routed_experts", shared="shared_experts")
+_QWEN2_MOE = Quirk("", "Qwen2-MoE's block: a softmax router plus one shared expert scaled by its own sigmoid gate",
+                   shared="shared_expert", shared_gate="shared_expert_gate")
+_SIGMOID = Quirk("", "a sigmoid router: each expert scored on its own, top-k of the sigmoid scores", scoring="sigmoid")
+
+
+def _as(base: Quirk, model_type: str, why: str | None = None, **changes) -> Quirk:
+    return replace(base, model_type=model_type, why=why or base.why, **changes)
+
+
+QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
+    # softmax routers that differ in a name only
+    Quirk("jamba", "Jamba's hybrid stack ends in final_layernorm", final_norm="final_layernorm"),
+    Quirk("deepseek_v2", "DeepSeek-V2: softmax router (group-limited), shared experts", shared="shared_experts"),
+    Quirk("hunyuan_v1_moe", "HunYuan-MoE: the router's `wg` linear, softmax; a shared MLP", shared="shared_mlp"),
+    Quirk("ernie4_5_moe", "ERNIE-4.5: softmax router whose selection adds moe_statics.e_score_correction_bias to the "
+          "probabilities; shared experts", choice_bias="gate.moe_statics.e_score_correction_bias",
+          shared="shared_experts"),
+    Quirk("longcat_flash", "LongCat-Flash: softmax scores, selection on scores + e_score_correction_bias; zero-"
+          "computation experts past the routed ones", choice_bias="router.e_score_correction_bias",
+          expert_count="n_routed_experts",
+          unavailable=(("prune", "its router's logits also cover zero_expert_num zero-computation experts, which "
+                                 "pruning by n_routed_experts would not slice"),)),
+    Quirk("gemma4_text", "Gemma-4: the router normalises its input, projects (`proj`), and returns the softmax "
+          "probabilities, not the logits; experts per token in config.top_k_experts",
+          output=("probs", "weights", "indices"), top_k="config.top_k_experts"),
+    Quirk("dbrx", "DBRX: the router returns its linear's logits only (the block's route_tokens_to_experts takes "
+          "the softmax and top-k); expert fields under ffn_config", output=("logits",),
+          top_k="config.ffn_config.moe_top_k", expert_count=None, final_norm="norm_f",
+          unavailable=((PROBS, "its router returns logits only; the softmax is taken by the MoE block"),
+                       ("prune", "its experts' weights are stacked as one [experts x ffn, hidden] tensor per "
+                                 "projection (w1, v1, w2), which pruning does not slice"))),
+    Quirk("phimoe", "Phi-MoE: sparsemixer routing subtracts logits from their maximum (a -inf mask would give NaN)",
+          scoring="sparsemixer", expert_count="num_local_experts", logit_mask=-1e9,
+          unavailable=((PROBS, "its sparsemixer takes a softmax of logits masked around each choice: there is no "
+                               "probability over every expert"),)),
+    # softmax over the top-k logits only: no probabilities over every expert
+    Quirk("gpt_oss", "gpt-oss: the router's linear has a bias; softmax over the top-k logits only",
+          scoring="softmax over the top-k", unavailable=_TOPK_SOFTMAX),
+    Quirk("aria_text", "Aria: softmax over the top-k logits only; shared experts; moe_* config names",
+          scoring="softmax over the top-k", top_k="router.top_k", expert_count="moe_num_experts",
+          shared="shared_experts", unavailable=_TOPK_SOFTMAX),
+    *[Quirk(t, "Granite-MoE: softmax over the top-k logits only", scoring="softmax over the top-k",
+            expert_count="num_local_experts", unavailable=_TOPK_SOFTMAX)
+      for t in ("granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared")],
+    Quirk("cohere2_moe", "Cohere2-MoE: top-k of the logits, then softmax or sigmoid (expert_selection_fn) of those "
+          "k only; shared experts", scoring="softmax or sigmoid over the top-k", shared="shared_experts",
+          unavailable=((PROBS, "its router normalises the top-k logits only (expert_selection_fn)"),)),
+    # Qwen2-MoE's block: a shared expert with a sigmoid gate
+    *[_as(_QWEN2_MOE, t) for t in ("qwen2_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")],
+    *[_as(_QWEN2_MOE, t, "Qwen4-Exp: Qwen2-MoE's block inside hyper-connections (several residual streams, merged "
+          "by hyper_connection_mixer before the head)", final_norm=None,
+          unavailable=(("resume", "its decoder layers carry several residual streams (hyper-connections) that "
+                                  "hyper_connection_mixer merges before the head; a forward cannot restart at one "
+                                  "layer's hidden state"),)) for t in ("qwen4_exp", "qwen4_exp_text")],
+    # sigmoid routers without a selection bias
+    _as(_SIGMOID, "flint", shared="shared_expert"),
+    _as(_SIGMOID, "hy_v3", "HY-V3: sigmoid router; the block passes its e_score_correction_bias in for selection; "
+        "shared experts", choice_bias="e_score_correction_bias", shared="shared_experts"),
+    _as(_SIGMOID, "minimax_m2", "MiniMax-M2: sigmoid router; the block passes its e_score_correction_bias in for "
+        "selection", choice_bias="e_score_correction_bias"),
+    _as(_SIGMOID, "afmoe", "AFMoE: sigmoid of the router's `gate` linear; the block passes its expert_bias in for "
+        "selection; shared experts", choice_bias="expert_bias", shared="shared_experts"),
+    _as(_SIGMOID, "lfm2_moe", "LFM2-MoE: sigmoid router; the block passes its expert_bias in for selection "
+        "(use_expert_bias); convolution and attention layers under `embedding_norm`",
+        choice_bias="expert_bias", final_norm="embedding_norm"),
+    # DeepSeek-V3's router
+    *[_as(_DEEPSEEK_V3, t) for t in ("deepseek_v3", "deepseek_v32", "axk1", "axk2", "dots1", "dots3_note",
+                                     "dots3_note_text", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "hy_v4",
+                                     "inkling_text", "solar_open")],
+    _as(_DEEPSEEK_V3, "nemotron_h", final_norm="norm_f"),
+    _as(_DEEPSEEK_V3, "mimo_v2_flash", shared=None),
+    _as(_DEEPSEEK_V3, "inkling2_text", "Inkling-2: score_fn (sigmoid or softmax) scores, selection on scores + "
+        "e_score_correction_bias", scoring="score_fn (sigmoid or softmax)", shared=None),
+    *[_as(_DEEPSEEK_V3, t, expert_count="num_experts") for t in ("kimi_linear", "bailing_hybrid", "exaone_moe",
+                                                                 "laguna", "minimax_m3_vl_text")],
+    _as(_DEEPSEEK_V3, "beam", expert_count="num_experts", shared=None),
+    _as(_DEEPSEEK_V3, "kolibri1", "Kolibri-1: selection on the logits + e_score_correction_bias, sigmoid of the "
+        "chosen logits only; on CUDA its logits come from torch.mm", expert_count="num_experts",
+        logits_ops=("linear", "mm"),
+        unavailable=((PROBS, "its router takes the sigmoid of the chosen logits only"),)),
+    # not followed yet
+    Quirk("zaya", "ZAYA: an MLP router whose last layer gives the logits", scoring="MLP router",
+          refused="its router is an MLP whose last layer gives the logits (RouteScope masks a dropped expert at the "
+                  "router's first linear); not supported yet"),
+]}
+QUIRKS["gemma4"] = _as(QUIRKS["gemma4_text"], "gemma4")
+
+
+def quirk(model_type: str) -> Quirk:
+    """The record for `model_type`: its own, or the generic one."""
+    return QUIRKS.get(model_type) or replace(GENERIC, model_type=model_type)
+
+
+# plain views of the records that callers read by type
+REFUSED: dict[str, str] = {t: q.refused for t, q in QUIRKS.items() if q.refused}
+LOGIT_MASK: dict[str, float] = {t: q.logit_mask for t, q in QUIRKS.items() if q.logit_mask != float("-inf")}

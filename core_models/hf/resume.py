@@ -23,16 +23,17 @@ class ResumeMixin:
         layers, followed by a final norm and the output embedding."""
         return self._stack is not None
 
-    def capture(self, idx: torch.Tensor) -> Prefix:
-        """One plain forward of `idx` that keeps each decoder layer's input (its hidden states and the
-        other arguments transformers gave it) and each experts module's input."""
+    def capture(self, idx: torch.Tensor, ablation: Ablation | None = None) -> Prefix:
+        """One forward of `idx` (unablated unless `ablation` is given; `resume` needs an unablated one)
+        that keeps each decoder layer's input (its hidden states and the other arguments transformers
+        gave it) and each experts module's input."""
         if self._stack is None:
-            raise ValueError(f"{self.config.model_type}: its forward cannot be restarted at a routing layer "
-                             "(no single stack of decoder layers with a final norm)")
+            why = self.quirk.reason("resume") or "no single stack of decoder layers with a final norm"
+            raise ValueError(f"{self.config.model_type}: its forward cannot be restarted at a routing layer ({why})")
         cap = Prefix(rows=int(idx.shape[0]))
         token = _CAPTURE.set(cap)
         try:
-            cap.logits = self(idx).logits
+            cap.logits = self(idx, ablation=ablation).logits
         finally:
             _CAPTURE.reset(token)
         return cap
@@ -86,19 +87,26 @@ class ResumeMixin:
         """transformers' output embedding (`get_output_embeddings`): final hidden states -> logits."""
         return self.hf.get_submodule(self._tail[1])
 
-    def expert_output_norms(self, prefix: Prefix, layer: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(indices [N, k], weights [N, k], ||expert output|| [N, k]) at `layer` for the N tokens of the
-        captured batch (rows x pos): each selected expert's own output, from transformers' experts module
-        called on the captured input with that slot's weight 1 and the others 0."""
+    def expert_outputs(self, prefix: Prefix, layer: str) -> torch.Tensor:
+        """[rows, pos, k, hidden]: at `layer`, each selected expert's own output (unweighted) for every
+        token of the captured batch, from transformers' experts module called on the captured input
+        with that slot's weight 1 and the others 0."""
         hidden, idx, w = prefix.experts[layer]
         experts = self.hf.get_submodule(self.routing_modules[layer].block.experts)
-        norms = []
+        outs = []
         for slot in range(idx.shape[-1]):
             one = torch.zeros_like(w)
             one[..., slot] = 1
-            norms.append(experts(hidden, idx, one).float().norm(dim=-1))
-        return idx.reshape(-1, idx.shape[-1]), w.reshape(-1, w.shape[-1]).float(), \
-            torch.stack(norms, -1).reshape(-1, idx.shape[-1])
+            outs.append(experts(hidden, idx, one))
+        return torch.stack(outs, -2).reshape(prefix.rows, -1, idx.shape[-1], outs[0].shape[-1])
+
+    def expert_output_norms(self, prefix: Prefix, layer: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(indices [N, k], weights [N, k], ||expert output|| [N, k]) at `layer` for the N tokens of the
+        captured batch (rows x pos), the norms of `expert_outputs`."""
+        _, idx, w = prefix.experts[layer]
+        norms = self.expert_outputs(prefix, layer).float().norm(dim=-1)
+        return idx.reshape(-1, idx.shape[-1]), w.reshape(-1, w.shape[-1]).float(), norms.reshape(-1, idx.shape[-1])
+
 
 def _repeat_rows(x: Any, rows: int, times: int, copies: dict[int, Any]) -> Any:
     """`x` (tensors nested in tuples, lists and dicts) with every tensor whose first axis is the batch
