@@ -26,6 +26,7 @@ _LAZY = {
     "tracing": ("routescope.core_models.trace", "tracing"),
     "Trace": ("routescope.core_models.trace", "Trace"),
     "generate": ("routescope.core_models.generate", "generate"),
+    "routing": ("routescope.core_models.router_access", "routing"),
     "from_name": ("routescope.core_models.registry", "from_name"),
     "build_model": ("routescope.core_models.registry", "build_model"),
     "RunSettings": ("routescope.analysis.runs.session", "RunSettings"),
