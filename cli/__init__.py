@@ -1,9 +1,11 @@
-"""The `routescope` command line: one module per command, wired together by `cli.main`.
+"""The `routescope` command line: the parsers in `cli.parsers`, one module per command, wired together
+by `cli.main`.
 
-Each command module defines `add(subparsers)`, which adds its parser and sets `func=run`, and
-`run(args) -> int`. Modules import only `cli.options` / `cli.common` at the top and load models,
-torch and analysis inside `run`, so `routescope --help` stays fast. To add a command, write
-`cli/<name>.py` with those two functions and list it in `cli.main.COMMANDS`.
+`cli.parsers` builds every command's parser from argparse, `cli.options` and stdlib-only modules, so
+`routescope --help` imports no torch; each parser records the module that runs its command (`command_module`),
+imported only when that command runs. A command module (`cli/<name>.py`) imports what it needs at
+its top and defines `run(args) -> int`. To add a command, write its parser function in `cli.parsers`
+(listed in `PARSERS` under its module's name) and `cli/<name>.py` with `run`.
 
 Errors: a handler raises ValueError (or FileNotFoundError) whose message names the problem (file,
 field, option); `cli.main.main` prints it as one line `routescope <command>: <message>` and exits

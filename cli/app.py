@@ -2,19 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import importlib.util
+import os
+import signal
+import subprocess
 import sys
 
-from . import options as O
-
-
-def add(sub: argparse._SubParsersAction) -> None:
-    a = sub.add_parser("app", help="start the browser explorer")
-    a.add_argument("--port", type=O.port, default=8501)
-    a.add_argument("--headless", action="store_true", help="do not open a browser")
-    a.add_argument("--address", default=None, help="address to listen on (default: Streamlit's)")
-    a.add_argument("--checkpoints", action="append", default=[], help="extra checkpoint root, repeatable")
-    O.add_device_options(a)
-    a.set_defaults(func=run)
+from routescope.analysis.environment import app_environment
+from routescope.core_models.devices import parse_max_memory, resolve_device
 
 
 def run_child(cmd: list[str], grace: float = 10.0, **popen_kw) -> int:
@@ -23,9 +19,6 @@ def run_child(cmd: list[str], grace: float = 10.0, **popen_kw) -> int:
     stopping routescope stops what it started; if we leave by an exception the child is terminated
     (killed after `grace` s). On Linux the kernel also sends it SIGTERM if routescope is killed
     outright (SIGKILL)."""
-    import signal
-    import subprocess
-
     child = subprocess.Popen(cmd, preexec_fn=_term_with_parent if sys.platform == "linux" else None, **popen_kw)
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, lambda signum, _frame: child.send_signal(signum)) for s in forwarded}
@@ -46,9 +39,6 @@ def run_child(cmd: list[str], grace: float = 10.0, **popen_kw) -> int:
 
 def _term_with_parent() -> None:
     """In the child before exec (Linux): SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-    import signal
-
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 
 
@@ -74,17 +64,10 @@ def run(args: argparse.Namespace) -> int:
     Never waits for input: Streamlit's first-run "Email:" prompt is off (it blocked a new machine,
     terminal or not), and so are usage statistics. Without --headless Streamlit opens a browser when
     there is a display to open it on."""
-    import importlib.util
-    import os
-
-    from routescope.analysis.environment import app_environment
-
     spec = importlib.util.find_spec("routescope.app")  # locate the file only; nothing imports app/
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the app package is not installed; run pip install -e . from the repository")
     main = os.path.join(list(spec.submodule_search_locations)[0], "main.py")
-    from routescope.core_models.devices import parse_max_memory, resolve_device
-
     resolve_device(args.device)  # an unavailable device stops here, in one line, not in the browser
     parse_max_memory(args.max_memory)  # and a malformed --max-memory
     if args.max_memory and args.device_map == "none":

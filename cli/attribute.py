@@ -6,32 +6,10 @@ import json
 import sys
 from typing import Any
 
+from routescope.analysis.runs.attribution import TOKEN_METHODS, PathAttribution, TokenAttribution
+
 from . import options as O
 from .common import load_with_tokenizer, write_json
-
-
-def add(sub: argparse._SubParsersAction) -> None:
-    a = sub.add_parser("attribute", help="attribute a next-token log-prob to tokens or routing options")
-    a.add_argument("checkpoint")
-    a.add_argument("--prompt", required=True, metavar="TEXT", type=O.prompt_text)
-    a.add_argument("--position", type=int, default=-1, help="position whose next token is explained (default: last)")
-    tok = a.add_mutually_exclusive_group()
-    tok.add_argument("--token", metavar="TEXT", type=O.utf8_text, help="target token text (one token; default: the model's top-1)")
-    tok.add_argument("--token-id", type=int, metavar="ID", help="target token id")
-    a.add_argument("--method", choices=O.ChoicesOf("routescope.analysis.runs.attribution", "ALL_METHODS"), default="ig",
-                   metavar="METHOD", help="one of %(choices)s (ig: integrated gradients over input tokens; "
-                                          "ablation, shapley: routing options)")
-    a.add_argument("--baseline", choices=O.ChoicesOf("routescope.analysis.runs.attribution", "BASELINES"), default="pad",
-                   metavar="BASELINE", help="ig baseline embedding, one of %(choices)s")
-    a.add_argument("--n-steps", type=O.positive_int, default=64, help="ig integration steps")
-    a.add_argument("--n-samples", type=O.positive_int, default=25, help="shapley permutations")
-    a.add_argument("--scope", choices=O.ChoicesOf("routescope.analysis.runs.attribution", "SCOPES"), default="layer",
-                   metavar="SCOPE", help="one of %(choices)s: paths per (layer, option) or per option index "
-                                         "across layers")
-    a.add_argument("--seed", type=O.seed, default=0)
-    a.add_argument("--json", action="store_true")
-    O.add_device_options(a)
-    a.set_defaults(func=run)
 
 
 def _target_id(tok: Any, args: argparse.Namespace) -> int | None:
@@ -47,8 +25,6 @@ def _target_id(tok: Any, args: argparse.Namespace) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routescope.analysis.runs.attribution import TOKEN_METHODS, PathAttribution, TokenAttribution
-
     model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     ids = tok.encode(args.prompt).ids[-model.context:]
     if not ids:

@@ -6,19 +6,18 @@ import math
 import sys
 from typing import Any, Iterable
 
+from routescope.core_models.checkpoint import load_checkpoint, require_tokenizer
+
 
 def load(path: str, device: str = "cpu", dtype: str = "auto", **placement: Any) -> tuple[Any, Any]:
     """(model, tokenizer or None) of a checkpoint directory on `device` ("auto": CUDA, then MPS,
     else CPU) in `dtype` (`placement`: device_map, max_memory); errors name the file and field, or
     the unavailable device."""
-    from routescope.core_models.checkpoint import load_checkpoint
     return load_checkpoint(path, device=device, dtype=dtype, **placement)
 
 
 def load_with_tokenizer(path: str, device: str = "cpu", dtype: str = "auto", **placement: Any) -> tuple[Any, Any]:
     """`load`, and a ValueError if the checkpoint has no tokenizer (text prompts need one)."""
-    from routescope.core_models.checkpoint import require_tokenizer
-
     model, tok = load(path, device, dtype, **placement)
     return model, require_tokenizer(tok, path)
 

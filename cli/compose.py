@@ -5,22 +5,10 @@ import argparse
 import shlex
 import sys
 
-from . import options as O
+import torch
 
-
-def add(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("compose", help="build a PaPaformer from pre-trained path checkpoints")
-    c.add_argument("--paths", nargs="+", required=True)
-    c.add_argument("--combiner", required=True, choices=O.ChoicesOf("routescope.core_models.papaformer", "COMBINERS"),
-                   metavar="NAME", help="one of %(choices)s")
-    c.add_argument("--out", required=True)
-    c.add_argument("--n-large-pre", type=O.nonnegative_int, default=1)
-    c.add_argument("--n-large-post", type=O.nonnegative_int, default=1)
-    c.add_argument("--seed", type=O.seed, default=0)
-    c.add_argument("--combiner-init", default="mean", choices=O.ChoicesOf("routescope.core_models.training.compose", "COMBINER_INITS"),
-                   metavar="INIT", help="Gumbel combiner: mean of the paths, or normal (N(0, 0.02), the "
-                                        "reference's); one of %(choices)s (default: mean)")
-    c.set_defaults(func=run)
+from routescope.core_models.checkpoint import load_checkpoint, save_checkpoint
+from routescope.core_models.training.compose import compose
 
 
 def compose_command(args: argparse.Namespace) -> str:
@@ -33,11 +21,6 @@ def compose_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from routescope.core_models.checkpoint import load_checkpoint, save_checkpoint
-    from routescope.core_models.training.compose import compose
-
     loaded = [load_checkpoint(p) for p in args.paths]
     model = compose([m for m, _ in loaded], args.combiner, n_large_pre=args.n_large_pre,
                     n_large_post=args.n_large_post, seed=args.seed, combiner_init=args.combiner_init)

@@ -30,49 +30,27 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from routescope.core_models.ablation import NO_ABLATION
+
+from routescope.analysis.corpus import compare as CMP
+from routescope.analysis.corpus import page as P
+from routescope.analysis.corpus import reductions as RD
+from routescope.analysis.corpus import run as R
+from routescope.analysis.corpus import shipped as SH
+from routescope.analysis.corpus.columns import named_compared
+from routescope.analysis.corpus.page import FORMATS
+from routescope.analysis.export.run_table import TokenText
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.runs.usage import ablation_for, corpus_usage
+from routescope.rendering.corpus_report import page  # the drawer table (plotly only, no Streamlit)
+
 from . import options as O
 from .common import load_with_tokenizer
 
 
-def add(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("corpus", help="routing statistics of a checkpoint over a dataset (tables, offline page)",
-                       description="Utilisation (dead and overloaded options), routes by label, accuracy against "
-                                   "intended options, token specialisation and co-routing of a checkpoint over a "
-                                   "dataset, optionally beside a second checkpoint.")
-    c.add_argument("checkpoint")
-    src = c.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", metavar="FILE", help=".txt (one prompt per line), or .tsv / .csv / .jsonl / .parquet "
-                                                     "with a text (or prompt) column and label columns")
-    src.add_argument("--shipped", metavar="NAME", help="a shipped dataset: a probe set that a family declares "
-                                                        "(its name in lower case; an unknown NAME lists them), "
-                                                        "validation, validation-story, validation-math")
-    c.add_argument("--compare", metavar="CHECKPOINT", help="a second checkpoint, run on the same rows")
-    c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and corpus.html, replaced "
-                                                                "whole (made if missing; an existing one may hold "
-                                                                "only an earlier run's files: the command says how "
-                                                                "many it replaced)")
-    c.add_argument("--text-column", metavar="NAME", help="the text column (default: text, else prompt)")
-    c.add_argument("--labels", metavar="COL,COL", help="label columns (default: every other column with at most "
-                                                        "50 distinct values)")
-    c.add_argument("--intended", action="append", default=[], metavar="COLUMN:VALUE=OPTION,...",
-                   help="intended 0-based option of label values, e.g. domain:story=0,math=1 (repeatable); "
-                        "expected_path / expected_option columns need none")
-    c.add_argument("--max-tokens", type=O.positive_int, default=None,
-                   help="tokens kept from the start of each text (default: the model's context)")
-    c.add_argument("--batch-size", type=O.positive_int, default=32, help="rows per forward (padded batches)")
-    c.add_argument("--top", type=O.positive_int, default=10, help="specialised tokens per layer and option")
-    c.add_argument("--min-count", type=O.positive_int, default=5, help="occurrences a token needs to be ranked")
-    c.add_argument("--format", default="csv,parquet", metavar="FMT,FMT", help="table formats: csv, parquet "
-                                                                               "(default both)")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
-    O.add_ablation_options(c, routing=False, top_over="this dataset")
-    O.add_device_options(c)
-    c.set_defaults(func=run)
-
-
 def _formats(spec: str) -> list[str]:
-    from routescope.analysis.corpus.page import FORMATS
-
     out = [f.strip().lower() for f in spec.split(",") if f.strip()]
     bad = [f for f in out if f not in FORMATS]
     if bad or not out:
@@ -81,19 +59,6 @@ def _formats(spec: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from routescope.analysis.corpus import compare as CMP
-    from routescope.analysis.corpus import reductions as RD
-    from routescope.analysis.corpus.columns import named_compared
-    from routescope.analysis.inputs import datasets as D
-    from routescope.analysis.corpus import shipped as SH
-    from routescope.analysis.corpus import page as P
-    from routescope.analysis.corpus import run as R
-    from routescope.analysis.export.run_table import TokenText
-    from routescope.analysis.runs.usage import ablation_for, corpus_usage
-    from routescope.core_models.ablation import NO_ABLATION
-
     formats = _formats(args.format)
     intended = RD.parse_intended(args.intended)
     out = P.check_out_dir(args.out)
@@ -138,7 +103,6 @@ def run(args: argparse.Namespace) -> int:
     tables = [r.tables(top=args.top, min_count=args.min_count, intended=intended) for r in results]
     compared = CMP.compare_tables(*tables) if len(tables) == 2 else None
     meta = {"a": R.provenance(results[0]), **({"b": R.provenance(results[1])} if len(results) == 2 else {})}
-    from routescope.rendering.corpus_report import page  # the drawer table (plotly only, no Streamlit)
 
     html = page(results[0], tables[0], loaded[0][0].option_labels(), other=results[1] if len(results) == 2 else None,
                 compared=compared).encode("utf-8")

@@ -20,58 +20,18 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from tqdm import tqdm
+
+from routescope.analysis.export import batch as B
+from routescope.analysis.export import ray_export
 from routescope.analysis.export.run_table import TokenText
-from routescope.analysis.inputs.files import MAX_LINE_BYTES, MAX_PROMPT_FILE_BYTES
+from routescope.analysis.export.output_files import check_output
+from routescope.analysis.export.table_files import ExportWriter
 
 from . import options as O
 from .common import load_with_tokenizer
 
 SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
-ENGINES = ("embedded", "ray")
-
-
-def add(sub: argparse._SubParsersAction) -> None:
-    e = sub.add_parser("export", help="export routing records of prompts to CSV / Parquet",
-                       description="Export routing records (analysis.export.columns.EXPORT_SCHEMA) of every prompt.")
-    e.add_argument("checkpoint")
-    src = e.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", action="append", metavar="TEXT", type=O.prompt_text,
-                     help="a prompt (repeatable; not blank)")
-    src.add_argument("--prompts", metavar="FILE",
-                     help=".txt (one prompt per line) or .tsv (prompt_id, prompt); a regular file of at most "
-                          f"{MAX_PROMPT_FILE_BYTES >> 20} MiB, lines of at most {MAX_LINE_BYTES >> 20} MiB")
-    e.add_argument("--out", action="append", required=True, metavar="FILE",
-                   help="output .csv or .parquet (repeat to write both); an existing file is replaced, only "
-                        "once the export has finished (the command names each file it replaced); an "
-                        "interrupted export leaves the old file and no temporary file")
-    O.add_ablation_options(e)
-    e.add_argument("--max-new-tokens", type=O.nonnegative_int, default=0,
-                   help="greedy continuation length (0: prompt only)")
-    e.add_argument("--seed", type=O.seed, default=0, help="routing seed (sampled routing)")
-    e.add_argument("--batch-size", type=O.positive_int, default=8)
-    e.add_argument("--shard", metavar="i/n", help="only prompts with index %% n == i (0-based)")
-    O.add_run_options(e)
-    e.add_argument("--quiet", action="store_true", help="no progress bar")
-    O.add_device_options(e)
-    r = e.add_argument_group("distributed export (--engine ray; pip install 'routescope[distributed]')")
-    r.add_argument("--engine", choices=ENGINES, default="embedded", metavar="ENGINE",
-                   help="one of %(choices)s (default %(default)s: this process; ray: a Ray cluster, RAY_ADDRESS "
-                        "or a local one, writing a partitioned Parquet dataset to --out DIR)")
-    r.add_argument("--workers", type=O.positive_int, default=2, help="Ray actors, each loading the checkpoint once "
-                                                                        "(default %(default)s)")
-    r.add_argument("--partition-size", type=O.positive_int, default=1000,
-                   help="prompts per output file (default %(default)s); a rerun skips finished partitions")
-    r.add_argument("--threads-per-worker", type=O.positive_int, default=1, help="torch threads (and Ray CPUs) "
-                                                                                "per actor (default %(default)s)")
-    e.set_defaults(func=run)
-
-
-def read_prompts(path: str | Path) -> list[tuple[str, str]]:
-    """(prompt_id, prompt) pairs from a .txt (one per non-blank line, id = line number) or a .tsv
-    (columns prompt_id and prompt), read line by line within the limits of analysis.inputs.prompts."""
-    from routescope.analysis.inputs.prompts import read_prompt_file
-
-    return read_prompt_file(path)
 
 
 def parse_shard(spec: str | None) -> tuple[int, int]:
@@ -91,25 +51,16 @@ def shard(items: Sequence[Any], i: int, n: int) -> list[Any]:
 
 def job_of(args: argparse.Namespace):
     """The analysis.export.batch.ExportJob of the command line."""
-    from routescope.analysis.export.batch import ExportJob
-
-    return ExportJob(max_new_tokens=args.max_new_tokens, routing=args.routing, seed=args.seed, options=tuple(args.option),
-                     drop=tuple(args.drop), force=tuple(args.force), modes=tuple(args.mode),
-                     batch_size=args.batch_size)
+    return B.ExportJob(max_new_tokens=args.max_new_tokens, routing=args.routing, seed=args.seed,
+                       options=tuple(args.option), drop=tuple(args.drop), force=tuple(args.force),
+                       modes=tuple(args.mode), batch_size=args.batch_size)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.engine == "ray":
         return run_ray(args, job_of(args))
-    # the prompt file first: reading it needs no torch, so a bad one (a FIFO, a huge line) is refused at once
-    prompts = [(str(k + 1), p) for k, p in enumerate(args.prompt)] if args.prompt else read_prompts(args.prompts)
+    prompts = args.prompt_pairs  # read first, before this module loaded torch (cli.parsers.read_export_prompts)
     job = job_of(args)
-    from tqdm import tqdm
-
-    from routescope.analysis.export import batch as B
-    from routescope.analysis.export.output_files import check_output
-    from routescope.analysis.export.table_files import ExportWriter
-
     for out in args.out:  # before any work: a bad output must not fail a long export at its end
         check_output(out)
     if len({Path(out).resolve() for out in args.out}) < len(args.out):
@@ -147,11 +98,9 @@ def run_ray(args: argparse.Namespace, job) -> int:
     if args.device_map != "none":
         raise ValueError("--device-map: not with --engine ray (each worker loads its own copy on --device)")
     try:
-        import ray  # noqa: F401  (only to say what is missing before any work)
+        import ray  # noqa: F401  (ray: an optional extra, imported here only to say it is missing before any work)
     except ImportError:
         raise ValueError("--engine ray needs Ray: pip install 'routescope[distributed]'") from None
-    from routescope.analysis.export import ray_export
-
     source = ray_export.PromptSource(texts=tuple(args.prompt)) if args.prompt else \
         ray_export.PromptSource(path=args.prompts)
     summary = ray_export.export_ray(args.checkpoint, source, args.out[0], job, workers=args.workers,

@@ -4,33 +4,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from routescope.analysis.runs.usage import ablation_for
+from routescope.core_models.generate import Sampling, generate
+from routescope.rendering.style import format_prob  # the app's: small candidates keep their digits
+
 from . import options as O
 from .common import load_with_tokenizer, write_json
 
 
-def add(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser("generate", help="continue a prompt, with top-k next-token probabilities per step")
-    g.add_argument("checkpoint")
-    g.add_argument("prompt", type=O.prompt_text, help="the text to continue (not blank; UTF-8)")
-    g.add_argument("--max-new-tokens", type=O.nonnegative_int, default=32)
-    g.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    g.add_argument("--temperature", type=O.positive_float, default=1.0, help="> 0")
-    g.add_argument("--top-k", type=O.nonnegative_int, default=0, help="0: no top-k filter")
-    g.add_argument("--top-p", type=O.probability, default=1.0, help="in (0, 1]; 1: no nucleus filter")
-    g.add_argument("--seed", type=O.seed, default=0)
-    g.add_argument("--top-n", type=O.positive_int, default=5,
-                   help="candidates shown per step, 1 up to the vocabulary size (a larger value is refused)")
-    O.add_ablation_options(g, top_over="the prompt")
-    g.add_argument("--json", action="store_true")
-    O.add_device_options(g)
-    g.set_defaults(func=run)
-
-
 def run(args: argparse.Namespace) -> int:
-    from routescope.core_models.generate import Sampling, generate
-    from routescope.analysis.runs.usage import ablation_for
-    from routescope.rendering.style import format_prob  # the app's: small candidates keep their digits
-
     model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     vocab = model.config.vocab_size
     if args.top_n > vocab:  # checked before any work, like every option

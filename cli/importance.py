@@ -18,45 +18,18 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from routescope.analysis.corpus import page as P
+from routescope.analysis.corpus.run import encode_head
+from routescope.analysis.export.batch import weights_sha256
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.reports import importance as I
+from routescope.analysis.reports import prune as PR
+from routescope.rendering.importance_report import page  # plotly only, no Streamlit
+
 from . import options as O
 from .common import load_with_tokenizer
-
-
-def add(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("importance", help="causal importance of every expert over a dataset (tables, offline page, "
-                                          "pruned checkpoint)",
-                       description="Drop each routing option alone over a dataset, teacher-forced: the change in "
-                                   "next-token NLL (with a bootstrap interval), KL, top-1 flips and usage, beside a "
-                                   "random-expert control, cheap proxies and pruning curves.")
-    c.add_argument("checkpoint")
-    c.add_argument("--data", required=True, metavar="FILE", help=".txt (one text per line), or .tsv / .csv / .jsonl "
-                                                                  "/ .parquet with a text (or prompt) column")
-    c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and importance.html (made "
-                                                                "if missing)")
-    c.add_argument("--text-column", metavar="NAME", help="the text column (default: text, else prompt)")
-    c.add_argument("--layers", metavar="LAYER,LAYER", help="routing layers to measure (default: all)")
-    c.add_argument("--options", metavar="N,N", help="options (experts) to measure, 0-based (default: all)")
-    c.add_argument("--max-tokens", type=O.positive_int, default=None,
-                   help="tokens taken from the dataset in row order (default: all)")
-    c.add_argument("--batch-size", type=O.positive_int, default=8, help="rows per forward")
-    c.add_argument("--draws", type=O.positive_int, default=8, help="random draws of the control and of the random "
-                                                                   "pruning ranking")
-    c.add_argument("--method", choices=("fast", "naive"), default="fast",
-                   help="fast: prefix reuse and many ablations per forward where the model allows; naive: one full "
-                        "forward per ablation (the same numbers)")
-    c.add_argument("--engine", choices=("local", "ray"), default="local",
-                   help="ray: chunks of the sweep on Ray workers (a local cluster, or the one in RAY_ADDRESS); the "
-                        "same numbers as one process")
-    c.add_argument("--workers", type=O.positive_int, default=2, help="Ray workers (--engine ray)")
-    c.add_argument("--model-dtype", action="store_true",
-                   help="measure in the dtype the model runs in (default: a float32 copy: in bfloat16 rounding alone "
-                        "moves log p by about as much as a single expert's effect)")
-    c.add_argument("--prune", type=O.positive_int, metavar="N",
-                   help="write a checkpoint without the N least important experts of every MoE layer (--prune-out)")
-    c.add_argument("--prune-out", metavar="DIR", help="the pruned checkpoint's directory (new or empty)")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
-    O.add_device_options(c)
-    c.set_defaults(func=run)
 
 
 def _list(spec: str | None, what: str, as_int: bool = False):
@@ -74,14 +47,6 @@ def _list(spec: str | None, what: str, as_int: bool = False):
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from routescope.analysis.inputs import datasets as D
-    from routescope.analysis.corpus import page as P
-    from routescope.analysis.reports import importance as I
-    from routescope.analysis.reports import prune as PR
-    from routescope.analysis.export.batch import weights_sha256
-
     if (args.prune is None) != (args.prune_out is None):
         raise ValueError("--prune N and --prune-out DIR go together")
     settings = I.ImportanceSettings(layers=_list(args.layers, "layers"), options=_list(args.options, "options", True),
@@ -106,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
         result = I.importance(model, tok, data, settings, name=name, weights_sha256=weights_sha256(args.checkpoint),
                               cache_dir=out / ".importance-cache", progress=progress, engine=args.engine,
                               checkpoint=args.checkpoint, workers=args.workers)
-    from routescope.rendering.importance_report import page  # plotly only, no Streamlit
-
     written = P.write_tables(result.tables, out)
     P.write_file(out / "importance.html", page(result.tables, result.provenance, result.notes).encode("utf-8"))
     doc = {**result.provenance, "tables": sorted(result.tables), "notes": result.notes}
@@ -128,7 +91,5 @@ def run(args: argparse.Namespace) -> int:
 
 def _prompt(tok, data, context: int) -> list[int]:
     """The test prompt of the pruned checkpoint: the dataset's first row (up to 64 tokens)."""
-    from routescope.analysis.corpus.run import encode_head
-
     first = next(iter(data))
     return encode_head(tok, first.text, min(64, context)) or [0]

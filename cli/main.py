@@ -1,4 +1,5 @@
-"""`routescope`: the top-level parser, the command modules it wires in, and the one error style.
+"""`routescope`: the top-level parser (the commands' parsers are `cli.parsers`), running the command,
+and the one error style.
 
 Every way a command ends is one line on stderr at most, never a traceback:
 
@@ -13,7 +14,6 @@ Every way a command ends is one line on stderr at most, never a traceback:
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import signal
@@ -21,10 +21,8 @@ import sys
 import threading
 
 from . import options as O
+from . import parsers
 
-# one module per command, in the order `routescope --help` lists them; each has add(sub) and run(args)
-COMMANDS = ("generate", "tokenizer", "train", "compose", "app", "import_", "export", "routes", "attribute",
-            "report", "corpus", "importance")
 STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s))  # SIGINT: Python's own
 
 
@@ -50,9 +48,7 @@ def build_parser() -> O.Parser:
     p.add_argument("--threads", type=O.threads, default=0,
                    help=f"torch CPU threads, 1..{O.max_threads()} (default 0: torch's choice; 1 is best when "
                         f"the cores are busy)")
-    sub = p.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"{__package__}.{name}").add(sub)
+    parsers.add_all(p.add_subparsers(dest="command", required=True))
     return p
 
 
@@ -76,9 +72,9 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
         command = f"routescope {args.command}"
         if args.threads:
-            import torch
+            import torch  # only when a command runs: building the parser (--help) imports no torch
             torch.set_num_threads(args.threads)
-        return args.func(args)
+        return parsers.run_command(args)
     except BrokenPipeError:  # output piped into head & co.
         _quiet_stdout()
         return 0

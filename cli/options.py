@@ -13,6 +13,8 @@ import math
 import os
 from typing import Callable, Iterator, NoReturn, Sequence
 
+from routescope.analysis.inputs.prompts import prompt_problem, text_problem  # stdlib only: --help stays light
+
 SEED_MAX = 2**63 - 1  # seeds are stored in the export table's Int64 `seed` column
 
 
@@ -80,8 +82,6 @@ port = int_in(1, 65535, "a port")
 def prompt_text(text: str) -> str:
     """argparse type: a prompt, by the one rule the app follows too (`analysis.inputs.prompts.prompt_problem`:
     not blank, and UTF-8 text; an argument with bytes that are not UTF-8 arrives with surrogates)."""
-    from routescope.analysis.inputs.prompts import prompt_problem
-
     problem = prompt_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)
@@ -90,13 +90,10 @@ def prompt_text(text: str) -> str:
 
 def utf8_text(text: str) -> str:
     """argparse type: any UTF-8 text (blank allowed, e.g. a token); bytes that are not UTF-8 refused."""
-    from routescope.analysis.inputs.prompts import text_problem
-
     problem = text_problem(text, "the token")
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text
-
 
 
 class ChoicesOf(Sequence[str]):

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs import domain as D
 
@@ -37,9 +41,6 @@ def _file_stamp(path: str | Path) -> tuple[int, int]:
 def _scan_probes(source: str | Path, model: Any, tok: Any) -> _ProbeScan:
     """Pass 1 of `routes`: check every probe before any is run (file rules of domain.iter_probes,
     expected_path within the checkpoint's paths, paper routes parse, prompts encode to tokens)."""
-    import numpy as np
-
-
     cfg, name = model.config, D.probe_source_name(source)
     scan = _ProbeScan(stamp=_file_stamp(source) if Path(source).is_file() else (0, 0))  # else iter_probes says why
     col = D.paper_column(cfg)
@@ -68,7 +69,6 @@ def _scan_probes(source: str | Path, model: Any, tok: Any) -> _ProbeScan:
 
 def _probe_rows(source: str | Path, scan: _ProbeScan, routes: Any) -> Iterator[tuple[Any, list[int]]]:
     """Pass 3: the probes again, each with its routes (0 = undefined), checking the file is unchanged."""
-
     if _file_stamp(source) != scan.stamp:
         raise ValueError(f"{source}: the probe file changed while the probes ran; run routes again")
     for k, p in enumerate(D.iter_probes(source)):
@@ -78,9 +78,6 @@ def _probe_rows(source: str | Path, scan: _ProbeScan, routes: Any) -> Iterator[t
 def _table_widths(scan: _ProbeScan, routes: Any, has_paper: bool) -> dict[str, int]:
     """Column widths of the routes table: pandas' layout of the widest cell of each column, so
     every chunk of rows prints aligned as the table printed whole."""
-    import numpy as np
-    import pandas as pd
-
     chars = np.array([1] + [len(str(v)) for v in range(1, int(routes.max(initial=0)) + 1)])  # 0 prints "?"
     ours = "9" * int(chars[routes].sum(axis=1).max() + routes.shape[1] - 1)
     widest = {"prompt_id": scan.widest["prompt_id"], "domain": scan.widest["domain"],
@@ -93,8 +90,6 @@ def _table_widths(scan: _ProbeScan, routes: Any, has_paper: bool) -> dict[str, i
 def _write_table(rows: Iterable[tuple[Any, list[int]]], widths: dict[str, int], paper_col: str | None,
                  chunk: int = 1024) -> None:
     """The routes table, `chunk` rows at a time, laid out as pandas prints it whole."""
-    import pandas as pd
-
 
     def flush(buf: list, header: bool) -> None:
         df = pd.DataFrame(buf, columns=list(widths)).astype({"expected": "int64"})
@@ -114,11 +109,6 @@ def _write_table(rows: Iterable[tuple[Any, list[int]]], widths: dict[str, int], 
 def run(args: argparse.Namespace, model: Any, tok: Any) -> int:
     """Three passes over the probe file, so memory does not grow with it beyond a few bytes per
     probe: check every row, route them (batched, with a progress bar), print the table."""
-    import numpy as np
-    import pandas as pd
-    from tqdm import tqdm
-
-
     source = args.probes or D.DEFAULT_PROBES
     cfg = model.config
     D.require_table6(model)

@@ -10,29 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-from . import options as O
+from routescope.analysis.export.output_files import new_temporary, remove_stale_temporaries
+from routescope.analysis.reports.report import collect
+from routescope.rendering.corpus_report import report_page  # the drawer table (plotly, no Streamlit)
+
 from .common import load_with_tokenizer
-
-
-def add(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("report", help="HTML routing report of a checkpoint (the corpus view's page, offline)",
-                       description="Write one self-contained HTML page: the corpus view over each domain's "
-                                   "validation split (utilisation, routes by domain, token specialisation, "
-                                   "co-routing), routing accuracy on the probe prompts the family declares (those its "
-                                   "paper prints), "
-                                   "and each domain's validation loss with each path, block or expert dropped.")
-    r.add_argument("checkpoint")
-    r.add_argument("--out", required=True, metavar="FILE.html",
-                   help="the page to write; an existing file is replaced (the command says so), only once "
-                        "the page is complete")
-    r.add_argument("--docs", type=O.positive_int, default=100,
-                   help="validation documents per domain (default 100: the trainer's validation text)")
-    r.add_argument("--seq-len", type=O.positive_int, default=256,
-                   help="tokens per validation document and row (default 256)")
-    r.add_argument("--top", type=O.positive_int, default=10, help="specialised tokens per layer and option")
-    r.add_argument("--min-count", type=O.positive_int, default=5,
-                   help="occurrences a token needs to be ranked as specialised")
-    r.set_defaults(func=run)
 
 
 def check_html_output(path: str) -> Path:
@@ -57,8 +39,6 @@ def write_atomically(path: Path, text: str) -> bool:
     interrupted write leaves `path` as it was, and temporaries a killed run left are deleted first
     (analysis.export.output_files's temporaries). The file gets the mode the umask gives new files. Whether an
     existing file was replaced."""
-    from routescope.analysis.export.output_files import new_temporary, remove_stale_temporaries
-
     remove_stale_temporaries(path)
     tmp, lock = new_temporary(path)
     try:
@@ -75,15 +55,10 @@ def write_atomically(path: Path, text: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routescope.analysis.reports.report import collect
-    from routescope.rendering.corpus_report import report_page  # the drawer table (plotly, no Streamlit)
-
     out = check_html_output(args.out)
     model, tok = load_with_tokenizer(args.checkpoint)
     data = collect(model, tok, name=Path(args.checkpoint).resolve().name, n_docs=args.docs, seq_len=args.seq_len,
                    min_count=args.min_count, top=args.top)
-    from routescope.analysis.export.output_files import remove_stale_temporaries
-
     for tmp in remove_stale_temporaries(out):
         sys.stderr.write(f"note: removed {tmp}, left by a report that was killed\n")
     replaced = write_atomically(out, report_page(data))

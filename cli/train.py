@@ -6,43 +6,10 @@ import json
 import shlex
 import sys
 
-from . import options as O
+from routescope.core_models.checkpoint import load_tokenizer_file
+from routescope.core_models.training.trainer import TrainConfig, train
+
 from .common import write_json
-
-
-def add(sub: argparse._SubParsersAction) -> None:
-    tr = sub.add_parser("train", help="train a checkpoint from a preset (or --init-from a composed one)")
-    tr.add_argument("preset")
-    tr.add_argument("--out", required=True)
-    tr.add_argument("--tokenizer", required=True)
-    tr.add_argument("--data", default="story=0.5,math=0.5")
-    tr.add_argument("--steps", type=O.positive_int, default=1000)
-    tr.add_argument("--batch-size", type=O.positive_int, default=16)
-    tr.add_argument("--seq-len", type=O.positive_int, default=128)
-    tr.add_argument("--lr", type=O.positive_float, default=3e-3)
-    tr.add_argument("--warmup", type=O.nonnegative_int, default=50)
-    tr.add_argument("--eval-every", type=O.positive_int, default=200)
-    tr.add_argument("--seed", type=O.seed, default=0)
-    tr.add_argument("--init-from", default=None)
-    tr.add_argument("--set", action="append", default=[], help="config FIELD=VALUE, repeatable")
-    tr.add_argument("--max-minutes", type=O.nonnegative_float, default=0.0, help="0: no time limit")
-    tr.add_argument("--stop-after", type=O.nonnegative_int, default=0, metavar="K",
-                    help="stop after K steps of the --steps schedule (0: all of them); unlike --max-minutes "
-                         "the same on every machine")
-    tr.add_argument("--freeze", action="append", default=[], metavar="PATTERN",
-                    help="parameter-name pattern (fnmatch, e.g. 'parallel.*.paths.*') frozen for the first "
-                         "--freeze-for steps (router warm-up), repeatable")
-    tr.add_argument("--freeze-for", type=O.nonnegative_int, default=0, metavar="K")
-    tr.add_argument("--tau-start", type=O.positive_float, default=None,
-                    help="Gumbel temperature at step 0, annealed geometrically to --tau-end")
-    tr.add_argument("--tau-end", type=O.positive_float, default=None)
-    tr.add_argument("--domain-routes", default="", metavar="DOMAIN=OPTION[,...]",
-                    help="e.g. story=0,math=1: for the first --domain-route-steps steps each token takes its "
-                         "document's domain option in every parallel layer")
-    tr.add_argument("--domain-route-steps", type=O.nonnegative_int, default=0, metavar="K")
-    tr.add_argument("--no-resume", action="store_true")
-    tr.add_argument("--quiet", action="store_true")
-    tr.set_defaults(func=run, argv=None)
 
 
 def parse_data(spec: str) -> dict[str, float]:
@@ -80,9 +47,6 @@ def parse_domain_routes(spec: str) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routescope.core_models.checkpoint import load_tokenizer_file
-    from routescope.core_models.training.trainer import TrainConfig, train
-
     c = TrainConfig(preset=args.preset, overrides=parse_sets(args.set), data=parse_data(args.data),
                     steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
                     min_lr=args.lr / 10, warmup=args.warmup, eval_every=args.eval_every, seed=args.seed,

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from routescope.analysis.export import columns as C
-from routescope.cli.export import parse_shard, read_prompts, shard
+from routescope.analysis.inputs.prompts import read_prompt_file
+from routescope.cli.export import parse_shard, shard
 from routescope.analysis.export.table_files import read_csv, read_parquet
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
@@ -35,7 +36,7 @@ def test_shards_partition_the_prompts(cli, checkpoint, prompt_file, tmp_path):
     assert cli(["export", ck, "--prompts", prompt_file, "--out", tmp_path / "all.csv", "--quiet",
                 "--batch-size", "3"]) == 0
     full = read_csv(tmp_path / "all.csv")
-    ids = [pid for pid, _ in read_prompts(prompt_file)]
+    ids = [pid for pid, _ in read_prompt_file(prompt_file)]
     assert list(dict.fromkeys(full[C.PROMPT_ID])) == ids and len(ids) == len(PROMPTS)
     parts = []
     for i in range(3):
