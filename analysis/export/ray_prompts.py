@@ -85,7 +85,22 @@ def read_prompt_dataset(source: PromptSource):
         table = ray.data.read_parquet(**_ray_paths(url))
     else:
         raise ValueError(f"{url}: prompt files are .txt, .tsv, .jsonl or .parquet (a file or a directory of them)")
-    return _indexed(table.materialize(), url)
+    try:
+        table = table.materialize()
+    except ray.exceptions.RayTaskError as e:  # the reader's own error, wrapped in Ray's traceback text
+        cause = _first_line(getattr(e, "cause", None))
+        raise ValueError(f"{url}: cannot read it as {suffix.lstrip('.')} ({cause})") from None
+    return _indexed(table, url)
+
+
+def _first_line(error: BaseException | None) -> str:
+    """An error as one line: its type and the first line of its message (Ray appends retry advice)."""
+    if error is None:
+        return "unknown error"
+    if isinstance(error, UnicodeError):  # a JSON string escaping a lone surrogate (\udce9) is no text
+        return f"{type(error).__name__}: not UTF-8 text"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _indexed(table, url: str):

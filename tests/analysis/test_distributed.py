@@ -221,6 +221,11 @@ def test_parquet_prompts_without_ids_are_numbered_like_command_line_prompts(clus
     (lambda d: pd.DataFrame({"prompt_id": ["A", "A"], "prompt": ["x", "y"]}).to_parquet(d / "p.parquet")
      or d / "p.parquet", ["p.parquet", "duplicate prompt_id(s) A"]),
     (lambda d: (d / "p.csv").write_text("prompt\nhi\n") and d / "p.csv", ["p.csv", ".txt, .tsv, .jsonl or .parquet"]),
+    # a table's prompts follow the one prompt rule (analysis.inputs.prompts.prompt_problem)
+    (lambda d: (d / "p.jsonl").write_text('{"prompt": "hi"}\n{"prompt": " \\t "}\n') and d / "p.jsonl",
+     ["p.jsonl", "row 2", "the prompt is empty"]),
+    (lambda d: (d / "p.jsonl").write_text('{"prompt": "hi"}\n{"prompt": "caf\\udce9"}\n') and d / "p.jsonl",
+     ["p.jsonl", "cannot read it as jsonl", "not UTF-8 text"]),  # the JSON reader refuses it first
 ])
 def test_bad_prompt_files_are_one_line_errors_and_write_no_part(cluster, checkpoint, tmp_path, make, words):
     src = make(tmp_path)
