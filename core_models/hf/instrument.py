@@ -3,6 +3,7 @@ the per-call ContextVars, and ablation by watching the ops inside a router (`_In
 from __future__ import annotations
 
 import copy
+import functools
 import types
 import weakref
 from contextvars import ContextVar
@@ -89,52 +90,53 @@ _CAPTURE: ContextVar[Prefix | None] = ContextVar("routescope_hf_capture", defaul
 _REUSE_ATTENTION: ContextVar[tuple | None] = ContextVar("routescope_hf_reuse_attention", default=None)
 
 
-class Wrapped:
-    """A transformers module's `forward` while an HFModel instruments it: calls
-    method(owner, key, inner, *args, **kwargs), `inner` being the forward the module had (its class's,
-    or one accelerate's dispatch installed). The owner (the HFModel) is held by a weak reference, so
+class Wrapped(functools.partial):
+    """A transformers module's `forward` while an HFModel instruments it: a partial of
+    method(owner_ref, key, inner, *args, **kwargs), `inner` being the forward the module had (its
+    class's, or one accelerate's dispatch installed), `owner_ref` a weak reference to the HFModel, so
     the transformers modules never keep it alive: deleting the HFModel frees it at once, without the
-    garbage collector, and a module whose owner is gone calls its own forward. A deep copy of the
-    HFModel gets wrappers that call the copy (and the copy's modules); a deep copy of the transformers
-    model alone gets its plain forwards."""
+    garbage collector, and each method calls `inner` alone once its owner is gone. A partial (called in
+    C) rather than a Python __call__, which cost a second *args/**kwargs frame per wrapped call. A
+    deep copy of the HFModel gets wrappers that call the copy (and the copy's modules); a deep copy of
+    the transformers model alone gets its plain forwards."""
 
-    __slots__ = ("owner", "method", "key", "inner", "restore")
-
-    def __init__(self, owner: Any, method: Any, key: Any, inner: Any, restore: Any) -> None:
-        self.owner = weakref.ref(owner)
-        self.method, self.key, self.inner = method, key, inner
+    def __new__(cls, method: Any, owner: Any, key: Any, inner: Any, restore: Any) -> "Wrapped":
+        self = super().__new__(cls, method, weakref.ref(owner), key, inner)
         self.restore = restore  # the instance forward the module had before (None: its class's)
+        return self
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        owner = self.owner()
-        if owner is None:
-            return self.inner(*args, **kwargs)
-        return self.method(owner, self.key, self.inner, *args, **kwargs)
+    @property
+    def owner(self) -> Any:
+        return self.args[0]()
+
+    @property
+    def inner(self) -> Any:
+        return self.args[2]
 
     def __deepcopy__(self, memo: dict) -> Any:
-        owner = self.owner()
+        owner = self.owner
         inner = copy.deepcopy(self.inner, memo)
         twin = memo.get(id(owner)) if owner is not None else None
         if twin is None:  # the transformers model copied on its own: it gets its own forward
             return inner
-        return Wrapped(twin, self.method, self.key, inner, copy.deepcopy(self.restore, memo))
+        return Wrapped(self.func, twin, self.args[1], inner, copy.deepcopy(self.restore, memo))
 
 
 def _wrap(module: nn.Module, owner: Any, method: Any, key: Any) -> None:
-    """module.forward := Wrapped(owner, method, key, inner). Wrapping a module a second time (a second
+    """module.forward := Wrapped(method, owner, key, inner). Wrapping a module a second time (a second
     HFModel over the same transformers model) replaces the first wrapper, never nests it."""
     restore = module.__dict__.get("forward")
     if isinstance(restore, Wrapped):
         restore = restore.restore
     inner = restore if restore is not None else types.MethodType(type(module).forward, module)
-    module.forward = Wrapped(owner, method, key, inner, restore)
+    module.forward = Wrapped(method, owner, key, inner, restore)
 
 
 def _unwrap(hf: nn.Module, owner: Any) -> None:
     """Every module of `hf` that `owner` wrapped gets back the forward it had."""
     for module in hf.modules():
         f = module.__dict__.get("forward")
-        if isinstance(f, Wrapped) and f.owner() is owner:
+        if isinstance(f, Wrapped) and f.owner is owner:
             if f.restore is None:
                 del module.forward
             else:

@@ -83,16 +83,22 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
     # --- wrapped forwards (installed once at load; per-call state only in ContextVars) --------------
     # Each is `inner` (the module's own forward) plus what the call in progress asks for. Idle, that is
     # one or two ContextVar reads: no module carries a hook, so torch calls each one on its fast path.
-    def _decoder_forward(self, i: int, inner: Any, *args: Any, **kwargs: Any) -> Any:
+    # Each takes a weak reference to its HFModel (`instrument.Wrapped`): a module never keeps it alive.
+    @staticmethod
+    def _decoder_forward(ref: Any, i: int, inner: Any, *args: Any, **kwargs: Any) -> Any:
         cap = _CAPTURE.get()
         if cap is not None:
             cap.inputs[i] = (args, dict(kwargs))
         return inner(*args, **kwargs)
 
-    def _attention_forward(self, i: int, inner: Any, *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    def _attention_forward(ref: Any, i: int, inner: Any, *args: Any, **kwargs: Any) -> Any:
         """A routing decoder layer's attention: the output `resume` hands it (`_REUSE_ATTENTION`) instead
         of computing it again; under `capture`, its output kept where the layer's experts have not run
         yet (then no ablation of the layer can change it)."""
+        self = ref()
+        if self is None:  # the HFModel is gone: the module's own forward
+            return inner(*args, **kwargs)
         reuse = _REUSE_ATTENTION.get()
         if reuse is not None and reuse[0] is self and reuse[1] == i:
             return reuse[2]
@@ -102,7 +108,11 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
             cap.attention[i] = out
         return out
 
-    def _router_forward(self, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    def _router_forward(ref: Any, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        self = ref()
+        if self is None:  # the HFModel is gone: the module's own forward
+            return inner(*args, **kwargs)
         st, tr = current(), active_trace()
         dropped, row_mask = self._dropped_now(name, st) if st.row_ablations is not None or not st.ablation.is_empty \
             else (_NONE, None)
@@ -131,10 +141,14 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
                 self._visit(tr, layer.roles[PROBS], mode.probs)
         return output
 
-    def _experts_forward(self, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    def _experts_forward(ref: Any, name: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
         """The experts of routing layer `name`, called as experts(hidden_states, top_k_index,
         top_k_weights) (`quirks.EXPERTS_CALL`; `moe_layout` checked the signature at load), positionally or
         by name. A call without the indices and weights is refused, never passed on unrecorded."""
+        self = ref()
+        if self is None:  # the HFModel is gone: the module's own forward
+            return inner(*args, **kwargs)
         got = [args[j] if j < len(args) else kwargs.get(k) for j, k in enumerate(EXPERTS_CALL)]
         if any(x is None for x in got):
             raise ValueError(f"{self.config.model_type}: {name}'s experts were called without "
@@ -154,8 +168,12 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
         if isinstance(x, torch.Tensor) and tr.wants(site):
             tr.visit(site, x.reshape(_BATCH.get(), -1, x.shape[-1]), 1, self.sites[site].shape)
 
-    def _shared_forward(self, layer: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    def _shared_forward(ref: Any, layer: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
         """A shared expert: its output zeroed where the call drops it (the layer's last option)."""
+        self = ref()
+        if self is None:  # the HFModel is gone: the module's own forward
+            return inner(*args, **kwargs)
         output = inner(*args, **kwargs)
         st = current()
         option = self.routing_modules[layer].n_experts
@@ -170,7 +188,11 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
             self._visit(tr, self.routing_modules[layer].roles[SHARED_OUTPUT], output)
         return output
 
-    def _gate_forward(self, site: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    def _gate_forward(ref: Any, site: str, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        self = ref()
+        if self is None:  # the HFModel is gone: the module's own forward
+            return inner(*args, **kwargs)
         output = inner(*args, **kwargs)
         tr = active_trace()
         if tr is not None and tr.wants(site):
