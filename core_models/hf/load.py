@@ -80,7 +80,7 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     try:
         # transformers is optional (the hf extra): imported when an HF model is used
         from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # optional too (the hf extra)
     except ImportError:
         raise ValueError(f"{path}: a Hugging Face transformers model ({d.get('model_type')}) needs the hf extra: "
                          "pip install -c constraints.txt -c constraints-hf.txt -e '.[hf]'") from None
