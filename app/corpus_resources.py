@@ -70,7 +70,7 @@ def job(path: str, mtime: float, data: D.CorpusData, settings: CorpusSettings,
     text = TokenText(tok)
 
     def work(progress) -> CorpusResult:
-        ablation.validate(model.routing_layers(), model.ablation_modes())  # the left column's, for this model
+        ablation.validate(model.routing_layers(), model.ablation_modes(), model.routing_top_k())  # the left column's
         return run_corpus(model, tok, data, name=Path(path).name, settings=settings, progress=progress,
                           decode=lambda i: text([i])[0], ablation=ablation, checkpoint=path)
 

@@ -239,7 +239,7 @@ def show(model, tok, path: str, mtime: float, ablation: Ablation = NO_ABLATION) 
         st.info(f"Routed under the ablation at the left: `{ablation.summary()}`. Every row runs with it; the "
                 "summary table, the downloads and the page record it.")
     try:
-        ablation.validate(model.routing_layers(), model.ablation_modes())
+        ablation.validate(model.routing_layers(), model.ablation_modes(), model.routing_top_k())
     except ValueError as e:  # the statistics would not be of the ablation the page shows: none are made
         st.error(f"Not routed: {e}. Change the ablation at the left.")
         return
@@ -274,7 +274,8 @@ def _results(model, path: str, mtime: float, ablation: Ablation, data, settings,
                            (names[0], Path(other_path).name))
         if why is None and not ablation.is_empty:  # both run under the same options switched off
             try:
-                ablation.validate(other_model.routing_layers(), other_model.ablation_modes())
+                ablation.validate(other_model.routing_layers(), other_model.ablation_modes(),
+                                  other_model.routing_top_k())
             except ValueError as e:
                 why = f"the ablation at the left does not apply to it ({e})"
         if why is None:

@@ -61,3 +61,7 @@ def test_dropping_below_top_k_is_refused_in_one_line_and_a_spec_that_would_is_le
     assert len(errors) == 1 and "\n" not in errors[0], errors
     assert errors[0].startswith("Cannot run this ablation: invalid ablation: fewer options left than the router "
                                 "picks per token (top-2)")
+    at.segmented_control(key=K.VIEW).set_value("Corpus").run()  # no dataset routed under it either
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and errors[0].startswith("Not routed: invalid ablation: fewer options left"), errors
+    assert not at.get("progress") and not at.dataframe
