@@ -62,7 +62,8 @@ def _as(base: Quirk, model_type: str, why: str | None = None, **changes) -> Quir
 QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
     # softmax routers that differ in a name only
     Quirk("jamba", "Jamba's hybrid stack ends in final_layernorm", final_norm="final_layernorm"),
-    Quirk("deepseek_v2", "DeepSeek-V2: softmax router (group-limited), shared experts", shared="shared_experts"),
+    Quirk("deepseek_v2", "DeepSeek-V2: softmax router (greedy or group-limited top-k), shared experts",
+          shared="shared_experts"),
     Quirk("hunyuan_v1_moe", "HunYuan-MoE: the router's `wg` linear, softmax; a shared MLP", shared="shared_mlp"),
     Quirk("ernie4_5_moe", "ERNIE-4.5: softmax router whose selection adds moe_statics.e_score_correction_bias to the "
           "probabilities; shared experts", choice_bias="gate.moe_statics.e_score_correction_bias",
@@ -99,11 +100,11 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
           unavailable=((PROBS, "its router normalises the top-k logits only (expert_selection_fn)"),)),
     # Qwen2-MoE's block: a shared expert with a sigmoid gate
     *[_as(_QWEN2_MOE, t) for t in ("qwen2_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")],
-    *[_as(_QWEN2_MOE, t, "Qwen4-Exp: Qwen2-MoE's block inside hyper-connections (several residual streams, merged "
-          "by hyper_connection_mixer before the head)", final_norm=None,
-          unavailable=(("resume", "its decoder layers carry several residual streams (hyper-connections) that "
-                                  "hyper_connection_mixer merges before the head; a forward cannot restart at one "
-                                  "layer's hidden state"),)) for t in ("qwen4_exp", "qwen4_exp_text")],
+    *[_as(_QWEN2_MOE, t, "Qwen4-Exp: Qwen2-MoE's block inside hyper-connections (hc_count residual streams, "
+          "mixed by hyper_connection_mixer before the head; no final norm)", final_norm=None,
+          unavailable=(("resume", "its decoder layers carry hc_count residual streams (hyper-connections), mixed by "
+                                  "hyper_connection_mixer, not a final norm, before the head"),))
+      for t in ("qwen4_exp", "qwen4_exp_text")],
     # sigmoid routers without a selection bias
     _as(_SIGMOID, "flint", shared="shared_expert"),
     _as(_SIGMOID, "hy_v3", "HY-V3: sigmoid router; the block passes its e_score_correction_bias in for selection; "
@@ -113,7 +114,7 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
     _as(_SIGMOID, "afmoe", "AFMoE: sigmoid of the router's `gate` linear; the block passes its expert_bias in for "
         "selection; shared experts", choice_bias="expert_bias", shared="shared_experts"),
     _as(_SIGMOID, "lfm2_moe", "LFM2-MoE: sigmoid router; the block passes its expert_bias in for selection "
-        "(use_expert_bias); convolution and attention layers under `embedding_norm`",
+        "(use_expert_bias); its final norm is named embedding_norm",
         choice_bias="expert_bias", final_norm="embedding_norm"),
     # DeepSeek-V3's router
     *[_as(_DEEPSEEK_V3, t) for t in ("deepseek_v3", "deepseek_v32", "axk1", "axk2", "dots1", "dots3_note",
