@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .run_state import RunState, current
+from .run_state import current
 from .sites import PATH_SCALES, PATHS, RoutingLayer, Site
 
 NORMS = ("rms", "layer")

@@ -13,6 +13,8 @@ from routescope.analysis.runs.families import RunViews
 
 from routescope.rendering.corpus_figures import many_options, top_transitions
 from routescope.rendering.drawers import DrawContext, draw
+from routescope.analysis.reports.report import report_tables
+from routescope.rendering.report_sections import extra_sections
 
 EMBED_ROWS = 10_000  # rows of one table the page embeds as JSON; the CSV / Parquet files hold every row
 
@@ -82,7 +84,5 @@ def page(result: CorpusResult, tables: Mapping[str, pd.DataFrame], labels: Mappi
 def report_page(data: Any) -> str:
     """The page of `routescope report` (`analysis.reports.report.ReportData`): the corpus view over the
     validation split, then the report's own sections (probe accuracy, dropped options)."""
-    from routescope.analysis.reports.report import extra_sections, report_tables
-
     return page(data.corpus, data.tables, data.labels, extra=extra_sections(data),
                 title=f"RouteScope routing report: {data.name}", all_tables=report_tables(data))
