@@ -18,6 +18,7 @@ from routescope.rendering.route_grid import CSS as STYLES  # noqa: E402
 from routescope.core_models.ablation import Ablation  # noqa: E402
 from routescope.core_models.checkpoint import require_tokenizer  # noqa: E402
 from routescope.core_models.specs import AblationError  # noqa: E402
+from routescope.analysis.runs.usage import corpus_usage  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
 VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Experts", "Export"]  # every family's
@@ -85,8 +86,6 @@ def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None
 def usage_of(path: str, mtime: float, tok, prompt: str):
     """What "top N" specs rank by: "run", the unablated model's picks over the prompt's tokens;
     "corpus", over the dataset this session's Corpus view last ran for this checkpoint without an ablation."""
-    from routescope.analysis.runs.usage import corpus_usage
-
     def usage(source: str):
         if source == "run":
             ids = tuple(tok.encode(prompt).ids) if prompt else ()

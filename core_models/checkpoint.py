@@ -20,11 +20,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_model
+from tokenizers import Tokenizer
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -35,9 +35,6 @@ from .devices import (parse_max_memory, place, require_fits, resolve_device, res
 from .hf import HFConfig, check_hf_directory, is_hf_config, load_hf
 from .registry import build_model, config_from_dict, param_count
 from .weights import CheckpointError, Header, read_header, stored_dtype
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
 
 CONFIG, WEIGHTS, TOKENIZER, CARD = "config.json", "model.safetensors", "tokenizer.json", "README.md"
 
@@ -72,7 +69,11 @@ def save_checkpoint(model: RouteScopeLM, path: str | os.PathLike, *, tokenizer=N
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
     try:
-        model.write_checkpoint_files(tmp, dtype)  # transformers models: save_pretrained
+        own = getattr(model, "write_checkpoint_files", None)  # transformers models: save_pretrained
+        if own is not None:
+            own(tmp, dtype)
+        else:
+            write_routescope_files(model, tmp, dtype)
         if tokenizer is not None:
             tokenizer.save(str(tmp / TOKENIZER))
         if card is not None:
@@ -263,7 +264,6 @@ def load_weights(model: RouteScopeLM, weights: str | os.PathLike) -> None:
 
 
 def load_tokenizer_file(path: str | os.PathLike):
-    from tokenizers import Tokenizer
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:

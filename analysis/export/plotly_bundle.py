@@ -9,8 +9,11 @@ bundle, so a page never meets a plotly.js older than its figures."""
 from __future__ import annotations
 
 import hashlib
+import html
 from functools import lru_cache
 from pathlib import Path
+
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 VERSION = "4.1.1"
 CARTESIAN = Path(__file__).parents[1] / "data" / f"plotly-cartesian-{VERSION}.min.js"
@@ -20,8 +23,6 @@ SHA256 = "79542150855a52c567260e3137095dbe2b744e6d702a5cabe67da246942fba7a"
 @lru_cache(maxsize=1)
 def plotly_js() -> str:
     """The plotly.js source to inline once per page."""
-    from plotly.offline import get_plotlyjs, get_plotlyjs_version
-
     try:
         data = CARTESIAN.read_bytes()
     except OSError:
@@ -37,7 +38,5 @@ def script_tag() -> str:
 
 def figure_page(fig, title: str = "") -> str:
     """A standalone offline page of one plotly figure."""
-    import html
-
     return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>{script_tag()}'
             f'</head><body>{fig.to_html(full_html=False, include_plotlyjs=False)}</body></html>')

@@ -71,7 +71,7 @@ def write_pruned(model: Any, tokenizer_file: Path | None, drop: dict[str, list[i
     """Write the pruned checkpoint into `out` (a temporary directory beside it renamed into place: a
     failed or interrupted write leaves nothing); the largest logit difference from the ablated model
     on `prompt_ids`, which must be within float rounding (else ValueError, nothing written)."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # optional: the hf extra (pruning is for HF models)
 
     new = pruned_model(model, drop)
     x = torch.tensor([prompt_ids], device=model.device)

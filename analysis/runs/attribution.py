@@ -156,7 +156,7 @@ class TokenAttribution:
                   internal_batch_size: int | None = None) -> TokenAttributionResult:
         """Attribute log p(target_token) at `target_position` (default: the last position; the
         token defaults to the model's top-1 there) to every input token up to that position."""
-        from captum.attr import LayerIntegratedGradients
+        from captum.attr import LayerIntegratedGradients  # heavy: loaded when an attribution runs
 
         if baseline not in BASELINES:
             raise ValueError(f"baseline = {baseline!r}: expected one of {', '.join(BASELINES)}")
@@ -300,7 +300,7 @@ class PathAttribution:
         models), exact ablation runs up to `ablations_per_forward` of them in one forward (thousands
         of experts: about 5x faster on a CPU at a 21-token prompt, olmoe-tiny); the log-probs equal
         the one-at-a-time forwards to float32 rounding (a batched matmul sums in another order)."""
-        from captum.attr import ShapleyValueSampling
+        from captum.attr import ShapleyValueSampling  # heavy: loaded when an attribution runs
 
         if method not in METHODS:
             raise ValueError(f"method = {method!r}: expected one of {', '.join(METHODS)}")

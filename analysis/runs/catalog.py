@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS
+from routescope.core_models import config_from_dict, param_count
+from routescope.core_models.checkpoint import CONFIG, TOKENIZER, WEIGHTS, weight_files
+from routescope.core_models.hf import check_hf_directory, is_hf_config
+from routescope.core_models.weights import read_header
 
 from routescope.analysis.environment import ENV_ROOTS, extra_roots  # noqa: F401  (ENV_ROOTS: the name callers know)
 
@@ -49,12 +53,10 @@ def describe(path: str | os.PathLike) -> CheckpointInfo:
             summary = json.loads((path / "training.json").read_text())
         except (OSError, json.JSONDecodeError):
             summary = {}
-    from routescope.core_models.hf import is_hf_config
     if is_hf_config(config):
         return _describe_hf(path, config, summary)
     problem = None if (path / WEIGHTS).is_file() else f"no {WEIGHTS}"
     family, params = str(config.get("family", "?")) if isinstance(config, dict) else "?", summary.get("params_total")
-    from routescope.core_models import config_from_dict, param_count
     try:
         cfg = config_from_dict(config)
         family = cfg.label  # the one family label (core_models config.label)
@@ -70,12 +72,6 @@ def describe(path: str | os.PathLike) -> CheckpointInfo:
 def _describe_hf(path: Path, config: dict, summary: dict) -> CheckpointInfo:
     """A transformers model directory: its model_type, and parameters counted from the safetensors
     headers (no tensor read, no model built)."""
-    import math
-
-    from routescope.core_models.checkpoint import weight_files
-    from routescope.core_models.weights import read_header
-    from routescope.core_models.hf import check_hf_directory
-
     problem, params = None, summary.get("params_total")
     try:
         check_hf_directory(path, config)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
 from ..base import RouteScopeLM
 from ..checkpoint import load_weights, read_config, save_checkpoint
@@ -242,8 +243,6 @@ def make_optimizer(model: RouteScopeLM, c: TrainConfig) -> torch.optim.AdamW:
 def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "", resume: bool = True,
           progress: bool = True) -> dict[str, Any]:
     """Train, write the checkpoint directory `out`, and return the run's measured summary."""
-    from tqdm import tqdm
-
     out = Path(out)
     state_dir = out.with_name(out.name + ".train_state")
     torch.manual_seed(c.seed)
