@@ -119,7 +119,7 @@ def parse_intended(specs: Sequence[str]) -> dict[str, dict[str, int]]:
 
 
 def label_values(stats: Any) -> dict[str, list[str]]:
-    """Label column -> its values in order of appearance (`RouteStats`, or `corpus_values.ValueStats`)."""
+    """Label column -> its values in order of appearance (`RouteStats`, or `values.ValueStats`)."""
     if isinstance(stats, RouteStats):
         return {c: list(ix.values) for c, ix in zip(stats.layout.label_columns, stats.label_index)}
     out: dict[str, list[str]] = {c: [] for c in stats.layout.label_columns}

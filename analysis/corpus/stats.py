@@ -54,7 +54,7 @@ EXPECTED_PATH, EXPECTED_OPTION = C.EXPECTED_PATH, "expected_option"
 class Layout:
     """What a model's corpus statistics are over: its routing layers, each one's option count and
     labels (0-based options), the top-k picks recorded per token (1: first choices only), and the
-    dataset's label columns. `routes` False: per-call values only (`corpus_values.ValueStats`).
+    dataset's label columns. `routes` False: per-call values only (`values.ValueStats`).
     `routed`: per layer, the options its router picks among (the first ones; a shared expert after
     them runs for every token); None: every option."""
 
