@@ -59,7 +59,8 @@ def experts_inputs(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
 @contextmanager
 def masked(model, dropped: dict[str, list[int]], n_experts: dict[str, int], value: float):
     """The plain model with the dropped experts' logits -inf as each router's first linear returns
-    them (F.linear patched for the duration) and their selection-bias buffers at -1e9."""
+    them (F.linear patched for the duration) and their selection-bias buffers at -1e9 (the router's, and
+    its block's own `e_score_correction_bias` / `expert_bias`)."""
     inside: dict[str, bool] = {}
     real = F.linear
     current: list[str] = []
@@ -83,7 +84,12 @@ def masked(model, dropped: dict[str, list[int]], n_experts: dict[str, int], valu
     for name in dropped:
         r = model.get_submodule(name)
         hs += [r.register_forward_pre_hook(enter(name)), r.register_forward_hook(leave)]
-        for bname, buf in [*r.named_buffers(), *r.named_parameters()]:  # a selection bias: one entry per expert
+        # a selection bias: one entry per expert, the router's own or one its block passes it (HY-V3,
+        # MiniMax-M2, AFMoE, LFM2-MoE keep theirs on the block, beside the router)
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        own = [b for n, b in [*parent.named_buffers(recurse=False), *parent.named_parameters(recurse=False)]
+               if n in ("e_score_correction_bias", "expert_bias")]
+        for bname, buf in [*r.named_buffers(), *r.named_parameters(), *(("bias", b) for b in own)]:
             if bname.endswith("bias") and buf.shape[-1] == n_experts[name]:
                 with torch.no_grad():
                     buf[..., dropped[name]] = -1e9
