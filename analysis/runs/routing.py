@@ -153,6 +153,19 @@ def topk_layers(trace: Trace, model: RouteScopeLM) -> dict[str, dict[str, str]]:
             if INDICES in m.roles and m.roles[INDICES] in trace}
 
 
+def unavailable_notes(model: RouteScopeLM, layers: Sequence[str], role: str, what: str) -> list[str]:
+    """One note per distinct reason why `layers` record no `role` site (the model type's record, e.g.
+    gpt-oss computes no router probabilities), each naming how many layers it covers and `what` the
+    view shows instead; [] where every layer records it."""
+    why: dict[str, list[str]] = {}
+    for layer in layers:
+        reason = (getattr(model.routing_modules[layer], "unavailable", None) or {}).get(role)
+        if reason:
+            why.setdefault(reason, []).append(layer)
+    return [f"{what} in {len(names)} layer{'s' * (len(names) > 1)} ({names[0]}{', ...' * (len(names) > 1)}): "
+            f"{model.config.label} {reason}" for reason, names in why.items()]
+
+
 def topk_routes(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     """Per batch row, position and top-k routing layer, the selected options in the order the
     router returned them: rank (0 = the largest weight, the first choice), option, weight as the
@@ -171,7 +184,9 @@ def topk_routes(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
             C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.RANK: _np(rank).ravel(), C.OPTION: _np(idx).ravel(),
             C.WEIGHT: _np(w).ravel(), C.PROB: prob,
         }))
-    return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.RANK, C.OPTION, C.WEIGHT, C.PROB])
+    df = _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.RANK, C.OPTION, C.WEIGHT, C.PROB])
+    df.attrs["notes"] = unavailable_notes(model, list(topk_layers(trace, model)), PROBS, "No router probability")
+    return df
 
 
 def topk_utilisation(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
@@ -233,7 +248,10 @@ def topk_probs(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
         b, t, o = grid_indices(B, T, n)
         frames.append(pd.DataFrame({C.BATCH: b, C.POSITION: t, C.LAYER: layer, C.OPTION: o, C.PROB: _np(p).ravel(),
                                     C.SELECTED: _np(rank_of >= 0).ravel(), C.RANK: _np(rank_of).ravel()}))
-    return _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.OPTION, C.PROB, C.SELECTED, C.RANK])
+    df = _concat(frames, [C.BATCH, C.POSITION, C.LAYER, C.OPTION, C.PROB, C.SELECTED, C.RANK])
+    df.attrs["notes"] = unavailable_notes(model, list(topk_layers(trace, model)), PROBS,
+                                          "The router's returned weights, not probabilities,")
+    return df
 
 
 BALANCE_COLUMNS = ["layer", "options", "tokens", "max_over_mean", "cv", "entropy", "dead", "overloaded"]
