@@ -2,7 +2,7 @@
 
 Needs the `distributed` extra (ray[data]); ray is imported inside the functions, so the base install
 never needs it. The rows are those of the single-process export: each worker runs
-`analysis.export.batch` (same batching, same tables) and writes with `analysis.export.tables.ExportWriter`
+`analysis.export.batch` (same batching, same tables) and writes with `analysis.export.table_files.ExportWriter`
 (same schema, same provenance metadata). The prompts are read by `ray_prompts`, the dataset directory
 is kept by `ray_output`, and `analysis.ray_cluster` connects to (or starts) the cluster.
 

@@ -68,7 +68,7 @@ def probe_source_name(source: str | os.PathLike | IO) -> str:
 
 def _probe_lines(source: str | os.PathLike | IO, name: str) -> Iterator[tuple[int, str]]:
     """(line number, text without its line end) of a path or an open text/binary stream, a line at
-    a time (`analysis.runs.prompts.iter_lines`: a line over MAX_LINE_BYTES is refused after reading that
+    a time (`analysis.inputs.files.iter_lines`: a line over MAX_LINE_BYTES is refused after reading that
     much; bytes are decoded as UTF-8 line by line, so a bad byte is reported with its line and byte
     offset). A path that is not a regular file (a FIFO, a device) is refused without waiting on it."""
     if isinstance(source, (str, os.PathLike)):

@@ -105,7 +105,7 @@ class FamilyAnalysis:
 def export_rows(df: pd.DataFrame, *, layer: str | None = None, site: Any, kind: str, value: Any,
                 option: Any = C.OPTION, selected: Any = None, per_token: bool = True) -> pd.DataFrame:
     """Reshape an analysis frame into export columns (batch, position, layer, site, kind, option,
-    value, selected); `analysis.export.table.routing_table` adds the rest. Column names or
+    value, selected); `analysis.export.run_table.routing_table` adds the rest. Column names or
     arrays/scalars are accepted."""
     def get(v: Any) -> Any:
         if isinstance(v, str) and v in df.columns:
