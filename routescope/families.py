@@ -24,6 +24,7 @@ from routescope.core_models import registry as M
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.config import BaseConfig
 from routescope.rendering import drawers as D
+from routescope.rendering.draw_context import Drawer
 
 ENTRY_POINTS = plugins.GROUP
 
@@ -41,7 +42,7 @@ class FamilySpec:
     model: type[RouteScopeLM]
     param_count: Callable[[Any], int]
     analysis: FamilyAnalysis = GENERIC
-    drawers: Mapping[str, D.Drawer] = field(default_factory=dict)
+    drawers: Mapping[str, Drawer] = field(default_factory=dict)
     pages: tuple[Page, ...] = ()
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     description: str = ""

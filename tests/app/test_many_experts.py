@@ -16,6 +16,7 @@ from routescope.analysis.export import columns as C
 from routescope.analysis.runs import routing as R
 from routescope.analysis.runs.session import RunSettings, run_prompt
 from routescope.rendering import drawers as D
+from routescope.rendering.families import topk as RT
 from routescope.core_models.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +94,7 @@ def test_many_options_are_drawn_by_place_not_colour(many):
     dead = u[u[C.COUNT] < 0.01 * u.groupby(C.LAYER)[C.COUNT].transform("mean")]
     assert sorted(zip(util.data[1].y, util.data[1].x)) == sorted(zip(dead[C.LAYER], dead[C.OPTION].astype(str)))
     co = pieces["topk_coselection"]
-    assert co.groupby(C.LAYER).size().max() <= D.COSELECTED_TOP and (co[C.COUNT] > 0).all()
+    assert co.groupby(C.LAYER).size().max() <= RT.COSELECTED_TOP and (co[C.COUNT] > 0).all()
     full = run.views["topk_coselection"].frame
     for layer, g in co.groupby(C.LAYER):  # the most frequent pairs, in order
         want = full[full[C.LAYER] == layer][C.COUNT].sort_values(ascending=False).head(len(g)).tolist()

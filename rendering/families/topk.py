@@ -1,0 +1,64 @@
+"""The top-k drawers (MoEP and Hugging Face MoE): first choices, every option's probability at many
+options, utilisation and co-selection."""
+from __future__ import annotations
+
+from routescope.analysis.export import columns as C
+from routescope.analysis.runs.families import View
+from routescope.analysis.runs.routing import DEAD_FRACTION, MANY_OPTIONS, OVERLOAD_FACTOR, option_names
+
+from routescope.rendering import bar_figures as BF
+from routescope.rendering import route_heatmaps as RH
+from routescope.rendering import style as ST
+from routescope.rendering.draw_context import DrawContext, Drawer, Piece
+
+COSELECTED_TOP = 20  # pairs shown per layer when a layer has many options
+
+
+def _many(ctx: DrawContext) -> bool:
+    return any(len(names) > MANY_OPTIONS for names in ctx.labels.values())
+
+
+def topk_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    """The first choice per token in its option's colour; with many options none (colours cannot tell
+    them apart: `topk_matrix` draws the view of every option's probability instead)."""
+    return {} if _many(ctx) else {name: RH.topk_grid(view.frame, ctx.tokens, dict(ctx.labels))}
+
+
+def topk_matrix(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    return {name: RH.expert_matrix_figure(view.frame, ctx.tokens, ctx.n_prompt, ctx.labels)}
+
+
+def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    """Bars per layer (model depth order, left to right), one per option in the heatmap's colour and
+    with the heatmap's legend names ("expert 0 / block 0")."""
+    u = view.frame
+    if _many(ctx):  # thousands of bars would carry no meaning: a layer x option heatmap, flags marked
+        mean = u.groupby(C.LAYER)[C.COUNT].transform("mean")
+        flags = {"dead": u[C.COUNT] < DEAD_FRACTION * mean, "overloaded": u[C.COUNT] > OVERLOAD_FACTOR * mean}
+        return {name: RH.utilisation_heatmap(u, ctx.labels, "Utilisation in this run: share of tokens selecting each "
+                                            "option (✕ dead: unused, ▲ overloaded: > 2x the mean)", C.SHARE, flags)}
+    layers = [l for l in ctx.labels if u[C.LAYER].eq(l).any()]  # depth order: the model's routing layers
+    layers += [l for l in dict.fromkeys(u[C.LAYER]) if l not in layers]
+    names = option_names(dict(ctx.labels), [l for l in layers if l in ctx.labels])
+    u = u.assign(**{C.LABEL: [ctx.labels[l][o] for l, o in zip(u[C.LAYER], u[C.OPTION])],
+                    "option_name": [names[o] for o in u[C.OPTION]]}).sort_values(C.OPTION, kind="stable")
+    colors = {names[o]: ST.PALETTE[o % len(ST.PALETTE)] for o in u[C.OPTION].unique()}  # colour = option, as everywhere
+    fig = BF.grouped_bars(u, C.LAYER, C.SHARE, "option_name", "Utilisation: share of tokens selecting each option",
+                         y_title="share of tokens", hover=C.LABEL, colors=colors, x_title="routing layer")
+    fig.update_xaxes(categoryarray=layers)
+    return {name: fig}
+
+
+def coselection(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
+    """Pairs of options a token selected together, with their labels (with many options, the
+    COSELECTED_TOP most frequent pairs of each layer: 8,128 pairs a layer at 128 experts)."""
+    c = view.frame
+    if _many(ctx):
+        c = c[c[C.COUNT] > 0].sort_values([C.LAYER, C.COUNT], ascending=[True, False], kind="stable")
+        c = c.groupby(C.LAYER, sort=False).head(COSELECTED_TOP)
+    return {name: c.assign(label_a=[ctx.labels[l][a] for l, a in zip(c[C.LAYER], c[C.OPTION_A])],
+                           label_b=[ctx.labels[l][b] for l, b in zip(c[C.LAYER], c[C.OPTION_B])])}
+
+
+DRAWERS: dict[str, Drawer] = {"topk_routes": topk_choice, "topk_probs": topk_matrix, "topk_utilisation": utilisation,
+           "topk_coselection": coselection}
