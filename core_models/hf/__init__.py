@@ -25,9 +25,11 @@ shared experts, final norm), checked against the built model at load:
   `output_router_logits` (`_can_record_outputs["router_logits"]`, an `OutputRecorder`); its module
   path is the routing layer's name (`model.layers.3.mlp.gate`, `...block_sparse_moe.router`);
 - the **experts** are the router's sibling `experts`, which every MoE block calls as
-  `experts(hidden_states, top_k_index, top_k_weights)`: a block that calls them otherwise (Llama-4
-  scales the tokens first) or has none (Doge, JetMoE) is refused in one line saying so, and a call
-  without the indices and weights raises instead of passing unrecorded;
+  `experts(hidden_states, top_k_index, top_k_weights)`, unless its record reads the routes at the
+  router (`Quirk.routes`: Llama-4's experts take tokens pre-scaled by the router's scores; the
+  indices are the router's own top-k, the weights its scores there); a block that calls them
+  otherwise without such a record is refused in one line saying so, and a call without the indices
+  and weights raises instead of passing unrecorded;
 - a **shared expert** is the sibling its record names (its gate, where the record names one, is a site).
 
 Each routing layer's roles and their sites (`HFRoutingLayer.roles`; shapes as recorded):

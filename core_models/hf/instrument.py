@@ -26,6 +26,7 @@ _NONE: frozenset[int] = frozenset()
 
 _NORMALISERS = {F.softmax, torch.softmax, torch.Tensor.softmax, F.sigmoid, torch.sigmoid, torch.Tensor.sigmoid}
 _ADD = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
+_TOPK = {torch.topk, torch.Tensor.topk}
 
 
 # the torch ops a record may name as the one whose first result inside the router is the logits
@@ -41,11 +42,14 @@ class _InsideRouter(TorchFunctionMode):
     """Watches the ops of one router call, as its type's record (`Quirk`) describes the router: masks
     the logits (the first result of one of `logits_ops`) of the experts the call drops, and their
     selection scores where the router adds the record's selection bias (`bias`) to them; keeps the
-    router's probabilities as its own softmax or sigmoid computed them, over every expert."""
+    router's probabilities as its own softmax or sigmoid computed them, over every expert; where
+    `want_choice`, the indices of its first top-k (a router that selects inside: `Quirk.routes`)."""
 
     def __init__(self, dropped: frozenset[int], want_probs: bool, bias: torch.Tensor | None, mask: float,
-                 row_mask: torch.Tensor | None = None, logits_ops: tuple[str, ...] = ("linear",)) -> None:
+                 row_mask: torch.Tensor | None = None, logits_ops: tuple[str, ...] = ("linear",),
+                 want_choice: bool = False) -> None:
         super().__init__()
+        self.want_choice, self.chosen = want_choice, None  # chosen: [tokens, k] the router's top-k indices
         self.dropped, self.want_probs, self.bias, self.mask = sorted(dropped), want_probs, bias, mask
         self.logits_ops = set().union(*(LOGITS_OPS[o] for o in logits_ops))
         self.row_mask = row_mask  # [batch, n] True where that row drops the expert (rows differ), else None
@@ -70,6 +74,8 @@ class _InsideRouter(TorchFunctionMode):
             self.probs = out
         elif self.dropped and self.bias is not None and func in _ADD and any(_same_storage(a, self.bias) for a in args):
             out = self._mask(out, DROPPED_CHOICE)
+        if self.want_choice and self.chosen is None and func in _TOPK:
+            self.chosen = out[1]
         return out
 
 @dataclass

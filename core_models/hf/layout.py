@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..sites import RoutingLayer
-from .quirks import GENERIC, LOGITS, PROBS, Quirk, quirk
+from .quirks import GENERIC, LOGITS, PROBS, SCORES, Quirk, quirk
 
 ROUTER_LOGITS = "router_logits"  # transformers' recorder key for its routers
 
@@ -32,6 +32,8 @@ class MoEBlock:
     choice_bias: str | None = None  # the tensor added to its scores before selection
     shared: str | None = None  # a shared expert that runs for every token
     shared_gate: str | None = None  # its gate linear
+    scores_index: int | None = None  # where the router's output holds its dense [tokens, n] scores, for a
+    # record whose routes are read at the router (`Quirk.routes`); None: at the experts call
 
 
 def _recorders(hf_model: nn.Module) -> list[tuple[type, int]]:
@@ -132,7 +134,10 @@ def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q
                              f"(RouteScope reads routes where a block calls {call})")
     params = [p for p in inspect.signature(type(experts).forward).parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]  # the class's: not a wrapper's
-    if len(params) < 3:
+    if q.routes == "router":  # the routes are the router's own top-k and its scores output
+        if SCORES not in q.output:
+            raise UnsupportedMoE(f"its record reads routes at the router but names no scores output ({q.why})")
+    elif len(params) < 3:
         raise UnsupportedMoE(f"{where} calls {type(experts).__name__}({', '.join(p.name for p in params)}) without "
                              f"the top-k indices and weights (RouteScope reads routes at {call})")
     n = _n_experts(router, at)
@@ -153,6 +158,7 @@ def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q
     return MoEBlock(router=name, experts=f"{parent}.experts", logits_index=logits, n_experts=n,
                     top_k=_top_k(router, config, q), quirk=q,
                     probs_index=q.output.index(PROBS) if PROBS in q.output else None, choice_bias=bias,
+                    scores_index=q.output.index(SCORES) if q.routes == "router" else None,
                     shared=f"{parent}.{q.shared}" if q.shared else None,
                     shared_gate=f"{parent}.{q.shared_gate}" if q.shared_gate else None)
 

@@ -51,7 +51,8 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
                 sites[site] = _site(site, shapes[role])
             layers[name] = HFRoutingLayer(block, roles)
             _wrap(self.hf.get_submodule(name), self, HFModel._router_forward, name)
-            _wrap(self.hf.get_submodule(block.experts), self, HFModel._experts_forward, name)
+            if block.scores_index is None:  # else the router's wrapper reads the routes (`Quirk.routes`)
+                _wrap(self.hf.get_submodule(block.experts), self, HFModel._experts_forward, name)
             if block.shared:
                 _wrap(self.hf.get_submodule(block.shared), self, HFModel._shared_forward, name)
             if block.shared_gate:
@@ -121,14 +122,29 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
         want_probs = tr is not None and block.probs_index is None and PROBS not in layer.unavailable \
             and tr.wants(layer.roles[PROBS])
         want_logits = tr is not None and block.logits_index is None and tr.wants(layer.roles[LOGITS])
+        cap = _CAPTURE.get() if block.scores_index is not None else None
+        want_choice = block.scores_index is not None and (cap is not None or tr is not None and (
+            tr.wants(layer.roles[INDICES]) or tr.wants(layer.roles[WEIGHTS])))
         mode = None
-        if dropped or want_probs or want_logits:
+        if dropped or want_probs or want_logits or want_choice:
             bias = _resolve(self.hf, block.choice_bias) if dropped and block.choice_bias else None
-            mode = _InsideRouter(dropped, want_probs, bias, self.quirk.logit_mask, row_mask, self.quirk.logits_ops)
+            mode = _InsideRouter(dropped, want_probs, bias, self.quirk.logit_mask, row_mask, self.quirk.logits_ops,
+                                 want_choice)
             with mode:
                 output = inner(*args, **kwargs)
         else:
             output = inner(*args, **kwargs)
+        if want_choice:  # the block's routes: the router's top-k, weighted by its scores there
+            if mode.chosen is None:
+                raise ValueError(f"{self.config.model_type}: {name} made no top-k; its record reads the routes at "
+                                 "its router's torch.topk")
+            idx = mode.chosen
+            w = output[block.scores_index].gather(-1, idx)
+            if cap is not None:
+                cap.experts[name] = (args[0] if args else kwargs["hidden_states"], idx, w)
+            if tr is not None:
+                self._visit(tr, layer.roles[INDICES], idx)
+                self._visit(tr, layer.roles[WEIGHTS], w)
         if tr is not None:
             many = isinstance(output, (tuple, list))
             if block.logits_index is not None:

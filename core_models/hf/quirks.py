@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-LOGITS, PROBS = "logits", "probs"
+LOGITS, PROBS, SCORES = "logits", "probs", "scores"  # SCORES: [tokens, n] weights, 0 where not chosen
 EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")  # what every block passes its experts
 
 
@@ -25,6 +25,10 @@ class Quirk:
     output: tuple[str, ...] = ("logits", "weights", "indices")  # the router's return value, element by element
     scoring: str = "softmax"  # softmax | sigmoid | softmax over the top-k | sparsemixer | MLP router
     logits_ops: tuple[str, ...] = ("linear",)  # torch ops whose first result inside the router is the logits
+    # where the block's routes are read: "experts" (the experts call's top_k_index, top_k_weights) or
+    # "router" (the router's own first torch.topk gives the indices; its dense `scores` output, gathered
+    # there, the weights: Llama-4's experts take tokens already scaled by them)
+    routes: str = "experts"
     choice_bias: str | None = None  # the tensor (path from the MoE block) added to scores before selection
     top_k: str = "router.top_k"  # experts per token: "router.<attr>" or "config.<field>" (text config)
     expert_count: str | None = "num_experts"  # the (text) config field counting routed experts: lowered by pruning
@@ -131,6 +135,14 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
         "chosen logits only; on CUDA its logits come from torch.mm", expert_count="num_experts",
         logits_ops=("linear", "mm"),
         unavailable=((PROBS, "its router takes the sigmoid of the chosen logits only"),)),
+    # the block scales each token by its expert's score before the experts run
+    *[Quirk(t, "Llama-4: the router returns (scores, logits), scores the sigmoid of the top-k logits scattered "
+            "over every expert (0 elsewhere); the experts take each token pre-scaled by its score and return "
+            "their sum; a shared expert", output=(SCORES, LOGITS), scoring="sigmoid over the top-k",
+            routes="router", expert_count="num_local_experts", shared="shared_expert",
+            unavailable=((PROBS, "its router takes the sigmoid of the top-k logits only (the others score 0): "
+                                 "there is no probability over every expert"),))
+      for t in ("llama4", "llama4_text")],
     # not followed yet
     Quirk("zaya", "ZAYA: an MLP router whose last layer gives the logits", scoring="MLP router",
           refused="its router is an MLP whose last layer gives the logits (RouteScope masks a dropped expert at the "

@@ -92,7 +92,14 @@ class ResumeMixin:
         token of the captured batch, from transformers' experts module called on the captured input
         with that slot's weight 1 and the others 0."""
         hidden, idx, w = prefix.experts[layer]
-        experts = self.hf.get_submodule(self.routing_modules[layer].block.experts)
+        block = self.routing_modules[layer].block
+        experts = self.hf.get_submodule(block.experts)
+        if block.scores_index is not None:  # experts that take every expert's copy of the tokens, pre-scaled
+            n, flat = block.n_experts, hidden.reshape(-1, hidden.shape[-1])  # (Llama-4): scaled by 1 here
+            every = experts(flat.repeat(n, 1)).reshape(n, flat.shape[0], -1)  # [n, tokens, hidden]
+            tokens = torch.arange(flat.shape[0], device=idx.device)[:, None]
+            out = every[idx.reshape(flat.shape[0], -1), tokens]  # [tokens, k, hidden]
+            return out.reshape(prefix.rows, -1, idx.shape[-1], out.shape[-1])
         outs = []
         for slot in range(idx.shape[-1]):
             one = torch.zeros_like(w)

@@ -3,9 +3,11 @@ RouteScope records equals what transformers returns, ablations equal each layer 
 with the expert's logit masked, and every view, the export and the app work on them."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -19,6 +21,7 @@ from routescope.analysis.export.table_files import read_csv
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.generate import generate
+from routescope.core_models.hf import quirks
 from routescope.core_models.trace import tracing
 from tolerances import FORWARD_EPS, assert_close_to_scale
 
@@ -239,9 +242,11 @@ def test_unsupported_moe_types_and_pickled_weights_are_refused(tmp_path, saved):
 
     from hf_zoo import tiny_moe
 
-    other = tmp_path / "llama4"  # its experts take pre-scaled tokens, not (indices, weights): refused, saying so
-    tiny_moe("llama4_text", transformers.Llama4TextConfig, 256).save_pretrained(other)
-    with pytest.raises(CheckpointError, match=r"cannot follow: .*without the top-k indices and weights") as e:
+    other = tmp_path / "llama4"  # its experts take pre-scaled tokens, not (indices, weights): without its record
+    tiny_moe("llama4_text", transformers.Llama4TextConfig, 256).save_pretrained(other)  # (routes read at the
+    generic = dataclasses.replace(quirks.GENERIC, model_type="llama4_text")  # router) it is refused, saying so
+    with mock.patch.dict(quirks.QUIRKS, {"llama4_text": generic}), \
+            pytest.raises(CheckpointError, match=r"cannot follow: .*without the top-k indices and weights") as e:
         load_checkpoint(other)
     assert "\n" not in str(e.value)
     unknown = tmp_path / "unknown"

@@ -42,10 +42,23 @@ GOAL = 56
 
 
 def experts_inputs(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(top_k_index, top_k_weights) each MoE block passes its experts, in call order, on a plain forward."""
+    """(top_k_index, top_k_weights) each MoE block passes its experts, in call order, on a plain forward.
+    A block whose experts take the tokens alone, already scaled (Llama-4's: its router returns (scores,
+    logits), scores 0 off the top-k), routes to the top-k of its router's logits with the scores there."""
     got, hs = [], []
+
+    def scaled(router, args, out):
+        scores, logits = out
+        idx = logits.topk(router.top_k, dim=-1).indices
+        got.append((idx, scores.gather(-1, idx)))
+
     for name, mod in model.named_modules():
         if name.rsplit(".", 1)[-1] == "experts":
+            takes = len(inspect.signature(type(mod).forward).parameters) - 1
+            if takes == 1 and isinstance(getattr(model.get_submodule(name.rsplit(".", 1)[0]), "router", None),
+                                         torch.nn.Module):
+                hs.append(model.get_submodule(name.rsplit(".", 1)[0]).router.register_forward_hook(scaled))
+                continue
             hs.append(mod.register_forward_pre_hook(lambda m, a: got.append((a[1], a[2])) if len(a) >= 3 else None))
     try:
         with torch.no_grad():
