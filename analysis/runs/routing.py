@@ -21,7 +21,6 @@ them into the one export table.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any, Sequence
 
@@ -192,26 +191,29 @@ def topk_routes(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
 def topk_utilisation(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     """Per top-k layer and option: tokens that selected it, tokens routed, and the share of tokens
     selecting it (shares of a layer sum to k)."""
-    rows = []
+    frames = []
     for layer, roles in topk_layers(trace, model).items():
         idx = trace[roles[INDICES]]
         n = trace[roles[LOGITS]].shape[-1]
         n_tok = idx.shape[0] * idx.shape[1]
-        counts = torch.bincount(idx.flatten(), minlength=n)
-        rows += [(layer, o, int(counts[o]), n_tok, float(counts[o]) / n_tok) for o in range(n)]
-    return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION, C.COUNT, C.N_TOKENS, C.SHARE])
+        counts = _np(torch.bincount(idx.flatten(), minlength=n)).astype(np.int64)
+        frames.append(pd.DataFrame({C.LAYER: layer, C.OPTION: np.arange(n), C.COUNT: counts, C.N_TOKENS: n_tok,
+                                    C.SHARE: counts / n_tok}))
+    return _concat(frames, [C.LAYER, C.OPTION, C.COUNT, C.N_TOKENS, C.SHARE])
 
 
 def topk_coselection(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
     """Per top-k layer and option pair (a < b): how many tokens selected both together."""
-    rows = []
+    frames = []
     for layer, roles in topk_layers(trace, model).items():
         idx = trace[roles[INDICES]]
         n = trace[roles[LOGITS]].shape[-1]
         sel = F.one_hot(idx, n).sum(-2).flatten(0, 1).clamp(max=1).float()  # (N, n) 0/1
-        both = sel.T @ sel  # (n, n) tokens selecting both
-        rows += [(layer, a, b, int(both[a, b])) for a, b in itertools.combinations(range(n), 2)]
-    return pd.DataFrame(rows, columns=[C.LAYER, C.OPTION_A, C.OPTION_B, C.COUNT])
+        both = sel.T @ sel  # (n, n) tokens selecting both (exact: counts below 2^24)
+        a, b = torch.triu_indices(n, n, offset=1)  # every pair a < b, in itertools.combinations' order
+        frames.append(pd.DataFrame({C.LAYER: layer, C.OPTION_A: _np(a), C.OPTION_B: _np(b),
+                                    C.COUNT: _np(both[a, b]).astype(np.int64)}))
+    return _concat(frames, [C.LAYER, C.OPTION_A, C.OPTION_B, C.COUNT])
 
 
 # Beyond this many options a layer's options are told apart by their place on an axis, not by colour
