@@ -21,8 +21,10 @@ from routescope.analysis.runs.families import (FAMILY, FamilyAnalysis, RunViews,
 
 
 def llama_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
-    p = R.pagmlp_pathways(trace, model)
-    return views_of(("pagmlp_pathways", p if len(p) else None, FAMILY))
+    def pathways():
+        p = R.pagmlp_pathways(trace, model)
+        return p if len(p) else None
+    return views_of(("pagmlp_pathways", pathways, FAMILY))
 
 
 def llama_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):

@@ -26,9 +26,9 @@ from routescope.analysis.runs.families import (FAMILY, FamilyAnalysis, RouteRead
 
 
 def papaformer_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
-    gumbel = R.gumbel_routes(trace, model) if any(m.stochastic for m in model.routing_modules.values()) else None
-    cosine = R.cosine_dominance(trace, model)
-    return views_of(("gumbel_routes", gumbel, FAMILY), ("cosine_dominance", cosine, FAMILY))
+    gumbel = (lambda: R.gumbel_routes(trace, model)) if any(m.stochastic for m in model.routing_modules.values()) \
+        else None
+    return views_of(("gumbel_routes", gumbel, FAMILY), ("cosine_dominance", lambda: R.cosine_dominance(trace, model), FAMILY))
 
 
 def papaformer_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):

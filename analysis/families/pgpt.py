@@ -19,7 +19,7 @@ from routescope.analysis.runs.families import (FAMILY, FamilyAnalysis, RunViews,
 
 
 def pgpt_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
-    return views_of(("pgpt_paths", R.pgpt_paths(trace, model), FAMILY))
+    return views_of(("pgpt_paths", lambda: R.pgpt_paths(trace, model), FAMILY))
 
 
 def pgpt_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):

@@ -8,6 +8,8 @@ probabilities (not gpt-oss), and "weight" per selected option.
 """
 from __future__ import annotations
 
+import functools
+
 import html
 from typing import Any, Callable
 
@@ -28,12 +30,12 @@ def topk_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
     """The picks per token, each option's utilisation, the layers' load balance and which options
     are picked together; with many options (`R.MANY_OPTIONS`) also every option's probability per
     token (the token x expert matrix that replaces colours)."""
-    util = R.topk_utilisation(trace, model)
-    return views_of(("topk_routes", R.topk_routes(trace, model), FAMILY),
-                    ("topk_probs", R.topk_probs(trace, model) if R.many_options(model) else None, FAMILY),
+    util = functools.cache(lambda: R.topk_utilisation(trace, model))  # balance reads it too
+    return views_of(("topk_routes", lambda: R.topk_routes(trace, model), FAMILY),
+                    ("topk_probs", (lambda: R.topk_probs(trace, model)) if R.many_options(model) else None, FAMILY),
                     ("topk_utilisation", util, FAMILY),
-                    ("topk_balance", R.load_balance(util), "table"),
-                    ("topk_coselection", R.topk_coselection(trace, model), FAMILY))
+                    ("topk_balance", lambda: R.load_balance(util()), "table"),
+                    ("topk_coselection", lambda: R.topk_coselection(trace, model), FAMILY))
 
 
 def topk_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):

@@ -39,16 +39,20 @@ def wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, op
 def wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
                  options: Mapping[str, Any] = {}) -> RunViews:
     tau = options.get(ATM_TAU)
+    causal = options.get(ATM_CAUSAL, model.config.atm_causal)
+
+    def merges():
+        atm = R.atm_merges(second, model, tau=tau)
+        if len(atm) and not causal:  # said under the view (the Routing view shows frames' notes)
+            atm.attrs["notes"] = [*atm.attrs.get("notes", []), NON_CAUSAL_ATM]
+        return atm if len(atm) else None
+
     atm = atm_summary = None
     if second is not None:
-        atm, atm_summary = R.atm_merges(second, model, tau=tau), R.atm_summary(second, model, tau=tau)
-        atm = atm if len(atm) else None
-        causal = options.get(ATM_CAUSAL, model.config.atm_causal)
-        if atm is not None and not causal:  # said under the view (the Routing view shows frames' notes)
-            atm.attrs["notes"] = [*atm.attrs.get("notes", []), NON_CAUSAL_ATM]
+        atm, atm_summary = merges, (lambda: R.atm_summary(second, model, tau=tau))
     used = {"tau": model.config.atm_tau if tau is None else tau}
-    return views_of(("dsff_gate", R.dsff_gates(trace, model), FAMILY),
-                    ("gcla_beta", R.gcla_betas(trace, model), FAMILY),
+    return views_of(("dsff_gate", lambda: R.dsff_gates(trace, model), FAMILY),
+                    ("gcla_beta", lambda: R.gcla_betas(trace, model), FAMILY),
                     ("atm_merges", atm, FAMILY, used), ("atm_summary", atm_summary, "table", used))
 
 

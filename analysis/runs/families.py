@@ -17,6 +17,7 @@ explored and exported: "weight" per token and option of every layer recording it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import threading
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -50,13 +51,53 @@ FAMILY = "family"  # the kind of a view that its family's spec draws (`FamilySpe
 RunViews = Mapping[str, View]  # view name -> view, in the order the app shows them
 
 
-def views_of(*named: tuple[str, pd.DataFrame | None, str] | tuple[str, pd.DataFrame | None, str, Mapping]) -> RunViews:
-    """The views of a run from (name, frame, drawer[, params]); frames that are None are left out."""
-    out = {}
-    for name, frame, drawer, *params in named:
-        if frame is not None:
-            out[name] = View(frame, drawer, MappingProxyType(dict(params[0])) if params else MappingProxyType({}))
-    return MappingProxyType(out)
+Frame = "pd.DataFrame | None | Callable[[], pd.DataFrame | None]"  # a frame, none, or how to make one
+
+
+class LazyViews(Mapping):
+    """A run's views (name -> View), each frame computed when first asked for and kept: a toggle on a
+    page that shows no routing view computes none of them, and a page computes only what it shows.
+    Names whose frame comes out None are not in it. Read-only and thread-safe: one cached run may
+    serve several browser sessions (a lock makes each frame once)."""
+
+    def __init__(self, makers: Mapping[str, tuple[Any, str, Mapping[str, Any]]]) -> None:
+        self._makers = dict(makers)  # name -> (frame or maker, drawer kind, params)
+        self._made: dict[str, View | None] = {}
+        self._lock = threading.Lock()
+
+    def _view(self, name: str) -> View | None:
+        with self._lock:
+            if name not in self._made:
+                make, drawer, params = self._makers[name]
+                with torch.inference_mode():  # as the run was traced: trace tensors are inference tensors
+                    frame = make() if callable(make) else make
+                self._made[name] = None if frame is None else View(frame, drawer, params)
+            return self._made[name]
+
+    def __getitem__(self, name: str) -> View:
+        view = self._view(name) if name in self._makers else None
+        if view is None:
+            raise KeyError(name)
+        return view
+
+    def __iter__(self):
+        return (name for name in self._makers if self._view(name) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def then(self, other: Mapping[str, View]) -> "LazyViews":
+        """These views, then `other`'s (lazy ones stay lazy; a name in both: other's)."""
+        more = other._makers if isinstance(other, LazyViews) else \
+            {n: (v.frame, v.drawer, v.params) for n, v in other.items()}
+        return LazyViews({**self._makers, **more})
+
+
+def views_of(*named: tuple[str, Frame, str] | tuple[str, Frame, str, Mapping]) -> LazyViews:
+    """The views of a run from (name, frame, drawer[, params]): a frame, None (left out), or a
+    callable that makes one (or None) when the view is first asked for (`LazyViews`)."""
+    return LazyViews({name: (frame, drawer, MappingProxyType(dict(params[0])) if params else MappingProxyType({}))
+                      for name, frame, drawer, *params in named})
 
 
 @dataclass(frozen=True)
@@ -148,7 +189,7 @@ def option_sites_at(df: pd.DataFrame, model: RouteScopeLM, role: str) -> np.ndar
 
 def _generic_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:
     w = R.option_weights(trace, model)
-    return views_of(("options", w if len(w) else None, "option_weights"))
+    return views_of(("options", w if len(w) else None, "option_weights"))  # OPTION_WEIGHTS only: cheap
 
 
 def _generic_export(trace: Trace, model: RouteScopeLM, n_batch: int, views: RunViews):

@@ -5,6 +5,7 @@ its probe prompts (`ProbeTable`). Families from outside the repository bring the
 Code elsewhere asks this table by the model, never compares family names."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -83,10 +84,12 @@ def probe_tables() -> dict[str, ProbeTable]:
 def routing_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
                   options: Mapping[str, Any] = {}) -> A.RunViews:
     """The views the app draws for this model's traced call (`second`: the family's second pass):
-    the family's own, then GENERIC_VIEWS (each left out where it finds nothing to show)."""
+    the family's own, then GENERIC_VIEWS (each left out where it finds nothing to show), each
+    computed when first asked for (`LazyViews`)."""
     views = family_analysis(model).views(trace, model, second=second, options=options)
-    return MappingProxyType({**views, **A.views_of(*((name, view(trace, model), drawer)
-                                                      for name, view, drawer in GENERIC_VIEWS))})
+    generic = A.views_of(*((name, functools.partial(view, trace, model), drawer) for name, view, drawer in GENERIC_VIEWS))
+    lazy = views if isinstance(views, A.LazyViews) else A.views_of().then(views)  # a plugin's plain mapping
+    return lazy.then(generic)
 
 
 def route_reader(model: RouteScopeLM) -> A.RouteReader:
