@@ -13,6 +13,10 @@ EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_nu
 TOPK_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "moe_topk", "moe_k", "top_k_experts")
 LAYER_FIELDS = ("num_hidden_layers", "n_layers", "num_layers")
 N_EXPERTS, TOP_K, N_LAYERS = 8, 2, 4
+# the types the fast suite checks, one or two of each router shape (softmax top-k, sigmoid with a
+# selection bias, a biased router with no probabilities, scores passed to pre-scaled experts); the full
+# suite checks every type
+REPRESENTATIVE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "llama4")
 
 # small values for the size fields types share (set wherever a type's config has the field)
 SIZES = dict(
@@ -32,6 +36,7 @@ SIZES = dict(
     index_n_heads=2, index_head_dim=16, index_topk=8, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
     swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_head_dim=16, swa_v_head_dim=16,
     ple_embed_dim=32, ngram_vocab_size_base=512, heads_per_ngram=2, make_ngram_vocab_size_divisible_by=8,
+    expert_ffn_hidden_size=32,  # longcat_flash's experts (its default 2048 made 280 M parameters)
 )
 OVERRIDES: dict[str, dict] = {
     # its sliding-window layers double the key/value heads: 2 x 2 must divide the 4 query heads
@@ -43,6 +48,7 @@ OVERRIDES: dict[str, dict] = {
     "granitemoehybrid": {"mamba_d_head": 32, "layer_types": ["mamba", "attention", "mamba", "attention"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "zaya": {"num_experts_per_tok": 1},  # its validation accepts top-1 only
+    "longcat_flash": {"zero_expert_num": 2},  # identity experts beside the 8 real ones (256 by default)
     "doge": {"is_moe": True},  # dense by default; the MoE variant is what this zoo is for
     "gemma4_text": {"enable_moe_block": True},
     "gemma4": {"enable_moe_block": True},
@@ -120,8 +126,9 @@ def shrink(d: dict, vocab: int) -> dict:
     for f in LAYER_FIELDS:
         if isinstance(d.get(f), int):
             d[f] = N_LAYERS
-    if "vocab_size" in d:
-        d["vocab_size"] = vocab
+    for f in ("vocab_size", "vocab_size_per_layer_input"):  # the second: gemma4's per-layer embeddings (262,144)
+        if f in d:
+            d[f] = vocab
     for f in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(d.get(f), int) and not isinstance(d[f], bool) and d[f] >= vocab:
             d[f] = vocab - 1

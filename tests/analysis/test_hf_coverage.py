@@ -14,7 +14,7 @@ For an opened type, against the plain transformers model (no RouteScope hook on 
 from __future__ import annotations
 
 import copy
-import functools
+import inspect
 from contextlib import contextmanager
 from unittest import mock
 
@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_zoo import N_LAYERS, moe_types, tiny_moe
+from hf_zoo import N_LAYERS, REPRESENTATIVE, moe_types, tiny_moe
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.generate import generate
@@ -114,7 +114,6 @@ def masked(model, dropped: dict[str, list[int]], n_experts: dict[str, int], valu
             h.remove()
 
 
-@functools.lru_cache(maxsize=None)
 def coverage(model_type: str, tmp: str) -> dict:
     """What happened to `model_type`: status opened / refused / not built, with the reason or the counts."""
     from pathlib import Path
@@ -135,20 +134,58 @@ def coverage(model_type: str, tmp: str) -> dict:
     return {"status": "opened", "model": model, "plain": m}
 
 
+class Zoo:
+    """What each type's checks found. A type is built, checked (verified, then its prefix reuse) and
+    dropped once per run, when a test first asks for it: its models live only while its own checks
+    run (held all at once, the 63 types' models took 9.3 GB). The module's `zoo` fixture holds one."""
+    CAUGHT = (Exception, pytest.skip.Exception, pytest.fail.Exception)  # a failed check or a skip; never ^C
+
+    def __init__(self, root: str):
+        self.root, self.found = root, {}
+
+    def _outcome(self, check, *args) -> tuple[bool, object]:
+        try:
+            return True, check(*args)
+        except self.CAUGHT as e:
+            return False, e
+
+    def check(self, model_type: str) -> dict:
+        """status, why; verified and (opened types) resumed as (ok, result or exception); routing
+        layers and MoE blocks run where verified."""
+        if model_type not in self.found:
+            row = coverage(model_type, self.root)
+            found = {"status": row["status"], "why": row.get("why"),
+                     "verified": self._outcome(verified, model_type, row)}
+            if found["verified"] == (True, "opened"):
+                found["layers"] = len(row["model"].routing_layers())
+                found["blocks"] = len(experts_inputs(row["plain"], IDS)[0])
+            if row["status"] == "opened":
+                found["resumed"] = self._outcome(resumed, model_type, row["model"])
+            self.found[model_type] = found  # the models go with `row`
+        return self.found[model_type]
+
+    def verified(self, model_type: str) -> str:
+        """`verified`'s status for the type, or its exception raised again."""
+        ok, got = self.check(model_type)["verified"]
+        if not ok:
+            raise got
+        return got
+
+
 @pytest.fixture(scope="module")
-def tmp_root(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("zoo"))
+def zoo(tmp_path_factory):
+    return Zoo(str(tmp_path_factory.mktemp("zoo")))
 
 
-@pytest.mark.parametrize("model_type", sorted(TYPES))
-def test_every_moe_type_routes_as_transformers_does_or_is_refused_saying_why(model_type, tmp_root):
-    verified(model_type, tmp_root)
+@pytest.mark.parametrize("model_type", [t if t in REPRESENTATIVE else pytest.param(t, marks=pytest.mark.slow)
+                                        for t in sorted(TYPES)])
+def test_every_moe_type_routes_as_transformers_does_or_is_refused_saying_why(model_type, zoo):
+    zoo.verified(model_type)
 
 
-@functools.lru_cache(maxsize=None)
-def verified(model_type: str, tmp_root: str) -> str:
-    """Run every check on `model_type` once; its status ("opened", "refused"; skip if not built)."""
-    row = coverage(model_type, tmp_root)
+def verified(model_type: str, row: dict) -> str:
+    """Run every check on `model_type` (`row`: its coverage); its status ("opened", "refused"; skip if
+    not built). Zoo.check runs it once a run."""
     if row["status"] == "not built":
         pytest.skip(f"the test could not build a tiny {model_type}: {row['why']}")
     if row["status"] == "refused":
@@ -212,11 +249,12 @@ def verified(model_type: str, tmp_root: str) -> str:
     return "opened"
 
 
-def test_at_least_the_goal_opens_and_routes_correctly(tmp_root):
+@pytest.mark.slow  # every type of the zoo
+def test_at_least_the_goal_opens_and_routes_correctly(zoo):
     status = {}
     for t in sorted(TYPES):
         try:
-            status[t] = verified(t, tmp_root)
+            status[t] = zoo.verified(t)
         except BaseException as e:  # a failed check (reported by its own test above) or a skip: not counted
             status[t] = f"{type(e).__name__}"
     opened = [t for t, s in status.items() if s == "opened"]
@@ -244,21 +282,23 @@ def test_a_dense_config_with_an_expert_field_opens_as_dense(tmp_path):
 BEGIN, END = "<!-- hf-support:begin -->", "<!-- hf-support:end -->"
 
 
-def support_table(tmp_root: str) -> str:
-    """model_type | result | routing layers / MoE blocks, or the reason: what this module verified."""
+def support_table(zoo: Zoo | str) -> str:
+    """model_type | result | routing layers / MoE blocks, or the reason: what this module verified (in
+    `zoo`, or in a new Zoo in the directory `zoo` names: scripts/hf_support_table.py)."""
+    zoo = zoo if isinstance(zoo, Zoo) else Zoo(zoo)
     lines = [BEGIN, "| model_type | result | routing layers vs MoE blocks run, or why not |", "|---|---|---|"]
     for t in sorted(TYPES):
         try:
-            status = verified(t, tmp_root)
+            status = zoo.verified(t)
         except pytest.skip.Exception as e:
             lines.append(f"| `{t}` | not built by the test zoo | {str(e.msg).split(': ', 1)[-1][:90]} |")
             continue
         except Exception:
             lines.append(f"| `{t}` | opens, a check fails | see tests/analysis/test_hf_coverage.py |")
             continue
-        row = coverage(t, tmp_root)
+        row = zoo.check(t)
         if status == "opened":
-            n, blocks = len(row["model"].routing_layers()), len(experts_inputs(row["plain"], IDS)[0])
+            n, blocks = row["layers"], row["blocks"]
             lines.append(f"| `{t}` | opens, routes as transformers | {n} routing layers = {blocks} MoE blocks run "
                          f"(of {N_LAYERS} layers) |")
         else:
@@ -266,46 +306,58 @@ def support_table(tmp_root: str) -> str:
     return "\n".join(lines + [END])
 
 
-def test_the_readme_support_table_is_what_this_module_verified(tmp_root):
+@pytest.mark.slow  # every type of the zoo
+def test_the_readme_support_table_is_what_this_module_verified(zoo):
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert BEGIN in readme and END in readme, "README has no support table (python scripts/hf_support_table.py)"
     got = readme[readme.index(BEGIN):readme.index(END) + len(END)]
-    assert got == support_table(tmp_root), "README's support table is stale: run python scripts/hf_support_table.py"
+    assert got == support_table(zoo), "README's support table is stale: run python scripts/hf_support_table.py"
 
 
-def test_a_forward_restarted_at_each_routing_layer_equals_the_whole_ablated_forward(tmp_root):
+@pytest.mark.slow  # every type of the zoo
+def test_a_forward_restarted_at_each_routing_layer_equals_the_whole_ablated_forward(zoo):
     """Prefix reuse on every opened type that can restart (`HFModel.capture` / `resume`, as the
     importance sweep uses it): where the sweep's self-check passes (`restart_reproduces`), expert 0
     dropped at each routing layer, restarted there, equals the whole forward under that ablation;
     where the layer's attention ran before its experts its captured output is reused (most types).
     A type whose check fails (beam: soft-capped logits; hy_v4: decoder layers that hand on several
     residual streams) is measured by the naive loop."""
-    from routescope.analysis.reports.importance import restart_reproduces
-
     restarted, reused, naive = [], [], []
-    x = torch.tensor(IDS * 2)
     for t in sorted(TYPES):
-        c = coverage(t, tmp_root)
-        model = c.get("model")
-        if c["status"] != "opened" or not model.can_resume:
-            continue
-        if not restart_reproduces(model, x):
+        ok, got = zoo.check(t).get("resumed", (True, None))
+        if not ok:
+            raise got
+        if got == "naive":
             naive.append(t)
-            continue
-        with torch.inference_mode():
-            prefix = model.capture(x)
-            for layer in model.routing_layers():
-                ab = Ablation(drop=((layer, 0),))
-                try:
-                    want = model(x, ablation=ab).logits
-                except AblationError:  # too few experts left for its top-k: nothing to compare
-                    continue
-                got = model.resume(prefix, layer, [ab] * len(x))
-                assert_close_to_scale(got, want, FORWARD_EPS, msg=f"{t} {layer}")
-        restarted.append(t)
-        if prefix.attention:
-            reused.append(t)
+        elif got is not None:
+            restarted.append(t)
+            if got == "reused":
+                reused.append(t)
     assert len(restarted) >= GOAL // 2 and len(reused) >= len(restarted) // 2, (restarted, reused, naive)
     assert {"beam", "hy_v4"} & set(TYPES) <= set(naive), naive
+
+
+def resumed(model_type: str, model) -> str | None:
+    """The prefix-reuse check of the test above on one opened type: None where the model cannot
+    restart, "naive" where the sweep's self-check fails, else "restarted" or "reused" (its attention
+    output captured and reused); an AssertionError where a restarted forward differs."""
+    from routescope.analysis.reports.importance import restart_reproduces
+
+    x = torch.tensor(IDS * 2)
+    if not model.can_resume:
+        return None
+    if not restart_reproduces(model, x):
+        return "naive"
+    with torch.inference_mode():
+        prefix = model.capture(x)
+        for layer in model.routing_layers():
+            ab = Ablation(drop=((layer, 0),))
+            try:
+                want = model(x, ablation=ab).logits
+            except AblationError:  # too few experts left for its top-k: nothing to compare
+                continue
+            got = model.resume(prefix, layer, [ab] * len(x))
+            assert_close_to_scale(got, want, FORWARD_EPS, msg=f"{model_type} {layer}")
+    return "reused" if prefix.attention else "restarted"
