@@ -9,7 +9,7 @@ import pandas as pd
 from routescope.analysis.corpus.page import render_page
 from routescope.analysis.export.html_safe import text
 from routescope.analysis.corpus.run import CorpusResult, corpus_views, provenance
-from routescope.analysis.runs.families import RunViews
+from routescope.analysis.runs.views import RunViews
 
 from routescope.rendering.corpus_figures import many_options, top_transitions
 from routescope.rendering.drawers import DrawContext, draw

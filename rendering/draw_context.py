@@ -9,7 +9,7 @@ from typing import Union
 import pandas as pd
 import plotly.graph_objects as go
 
-from routescope.analysis.runs.families import View
+from routescope.analysis.runs.views import View
 
 from routescope.rendering import route_heatmaps as RH
 

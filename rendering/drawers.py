@@ -1,4 +1,4 @@
-"""The drawer table: how each kind of view (`analysis.runs.families.View.drawer`) becomes figures.
+"""The drawer table: how each kind of view (`analysis.runs.views.View.drawer`) becomes figures.
 
 A drawer takes a view and the run's drawing context and returns its pieces by name, in order:
 a `figures.ChoiceGrid` (a discrete choice per layer and token; the Routing view stacks a run's
@@ -20,7 +20,7 @@ from routescope.core_models import plugins
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.corpus.columns import shown_compare, shown_table
-from routescope.analysis.runs.families import View
+from routescope.analysis.runs.views import View
 
 from routescope.rendering import corpus_figures as CF
 from routescope.rendering import style as ST

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from routescope.analysis.runs import family_table as FT
-from routescope.analysis.runs.families import GENERIC, FamilyAnalysis
+from routescope.analysis.runs.views import GENERIC, FamilyAnalysis
 from routescope.analysis.runs.family_table import ProbeTable
 from routescope.app.pages import FAMILY_PAGES, Page
 from routescope.core_models import plugins

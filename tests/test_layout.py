@@ -121,7 +121,7 @@ def test_no_module_is_imported_under_a_second_name():
 
 
 def test_a_folder_imported_by_its_own_name_is_refused():
-    """From the repository root (its folders on sys.path) `import analysis.runs.families` would load a
+    """From the repository root (its folders on sys.path) `import analysis.runs.views` would load a
     second module with a second FAMILIES table; each folder refuses that import in one line, and
     the installed name still gives one module."""
     for folder in (*FOLDERS, "core_models.training"):
@@ -130,11 +130,11 @@ def test_a_folder_imported_by_its_own_name_is_refused():
         top = folder.split(".")[0]  # a subpackage: its parent refuses first
         assert out.returncode == 1 and f"ImportError: import routescope.{top}, not {top}:" in out.stderr, out.stderr
     code = ("import sys, importlib\n"
-            "a = importlib.import_module('routescope.analysis.runs.families')\n"
-            "try:\n    importlib.import_module('analysis.runs.families')\nexcept ImportError:\n    pass\n"
-            "print(sorted(k for k in sys.modules if k.endswith('families')))")
+            "a = importlib.import_module('routescope.analysis.runs.views')\n"
+            "try:\n    importlib.import_module('analysis.runs.views')\nexcept ImportError:\n    pass\n"
+            "print(sorted(k for k in sys.modules if k.endswith('runs.views')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.stdout.split() == ["['routescope.analysis.runs.families']"], out.stderr[-2000:]
+    assert out.stdout.split() == ["['routescope.analysis.runs.views']"], out.stderr[-2000:]
 
 
 def test_models_load_and_run_without_the_training_code():

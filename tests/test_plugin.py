@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from routescope.analysis.runs import families as A
+from routescope.analysis.runs import views as A
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.config import BaseConfig
 from routescope.core_models.sites import RoutingLayer, Site

@@ -37,7 +37,7 @@ from routescope.analysis.corpus import reductions as RD
 from routescope.analysis.corpus import values as V
 from routescope.analysis.export.batch import weights_sha256
 from routescope.analysis.inputs.datasets import CorpusData, CorpusRow
-from routescope.analysis.runs.families import RunViews, views_of
+from routescope.analysis.runs.views import RunViews, views_of
 from routescope.analysis.runs.family_table import family_analysis, route_reader
 
 

@@ -1,11 +1,11 @@
 """A run's long routing table (the export table): every family's routing records in one long format
 (`columns.EXPORT_SCHEMA`), and the token texts of its `token` column (`TokenText`).
 
-`routing_table(trace, model, meta=...)` takes the family's rows from `analysis.runs.families` (which
+`routing_table(trace, model, meta=...)` takes the family's rows from `analysis.runs.views` (which
 runs the analyses of `analysis.runs.routing` on the trace) and adds the prompt, token and call columns:
 (model, family, prompt, position, token, phase, layer, site, kind, option, value, selected,
 ablation, seed). What `value` means for each `kind` is documented in `columns.KINDS`; which kinds
-each family exports, in `analysis.runs.families`. Pure: the token texts come in with `meta`.
+each family exports, in `analysis.runs.views`. Pure: the token texts come in with `meta`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.trace import Trace
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.runs.families import RunViews
+from routescope.analysis.runs.views import RunViews
 from routescope.analysis.runs.family_table import family_analysis
 
 
@@ -62,7 +62,7 @@ def routing_table(trace: Trace, model: RouteScopeLM, *, meta: ExportMeta, views:
     Per-token rows carry position, token_id, token and phase from `meta`; per-call rows (learned
     weights, betas) have them NA and are repeated for every batch row. Notes (e.g. a layer whose
     cosine is undefined) are in `df.attrs["notes"]`. `views`: the family's views of this same trace
-    (`analysis.runs.families.routing_views`), if the caller has them: reused, not recomputed."""
+    (`analysis.runs.views.routing_views`), if the caller has them: reused, not recomputed."""
     n_batch = len(meta.rows)
     family = family_analysis(model)
     parts, notes = family.export(trace, model, n_batch, views or family.views(trace, model))

@@ -16,7 +16,7 @@ from routescope.core_models.trace import Trace
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs import routing as R
-from routescope.analysis.runs.families import (FAMILY, FamilyAnalysis, RunViews, export_rows, option_sites_at,
+from routescope.analysis.runs.views import (FAMILY, FamilyAnalysis, RunViews, export_rows, option_sites_at,
                                               per_call_rows, views_of)
 
 

@@ -21,7 +21,7 @@ from routescope.core_models.trace import Trace
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs import routing as R
-from routescope.analysis.runs.families import (FAMILY, FamilyAnalysis, RouteReader, RunViews, export_rows,
+from routescope.analysis.runs.views import (FAMILY, FamilyAnalysis, RouteReader, RunViews, export_rows,
                                               option_sites_at, views_of)
 
 

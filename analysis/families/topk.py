@@ -23,7 +23,7 @@ from routescope.core_models.trace import Trace
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs import routing as R
-from routescope.analysis.runs.families import FAMILY, FamilyAnalysis, RouteReader, RunViews, export_rows, views_of
+from routescope.analysis.runs.views import FAMILY, FamilyAnalysis, RouteReader, RunViews, export_rows, views_of
 
 
 def topk_views(trace: Trace, model: RouteScopeLM, **_: Any) -> RunViews:

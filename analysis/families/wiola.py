@@ -19,7 +19,7 @@ from routescope.core_models.wiola import ATM, ATM_CAUSAL, ATM_TAU
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs import routing as R
-from routescope.analysis.runs.families import (FAMILY, FamilyAnalysis, RunViews, export_rows, per_call_rows,
+from routescope.analysis.runs.views import (FAMILY, FamilyAnalysis, RunViews, export_rows, per_call_rows,
                                               role_sites_at, views_of)
 
 

@@ -33,7 +33,7 @@ from routescope.core_models.trace import Trace, tracing
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.families.papaformer import papaformer_reader
-from routescope.analysis.runs.families import RouteReader
+from routescope.analysis.runs.views import RouteReader
 from routescope.analysis.inputs.files import MAX_LINE_BYTES, iter_lines, open_regular_file
 
 REQUIRED = (C.PROMPT_ID, C.DOMAIN, C.EXPECTED_PATH, C.PROMPT)

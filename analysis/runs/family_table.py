@@ -19,7 +19,7 @@ from routescope.core_models.trace import Trace
 
 from routescope.analysis.families import llama, papaformer, pgpt, topk, wiola
 from routescope.analysis.runs import domain
-from routescope.analysis.runs import families as A
+from routescope.analysis.runs import views as A
 from routescope.analysis.runs import routing as R
 
 

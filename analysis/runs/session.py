@@ -16,7 +16,7 @@ from routescope.core_models.checkpoint import require_tokenizer
 from routescope.core_models.generate import Generation, Sampling, generate
 from routescope.core_models.trace import Trace
 
-from routescope.analysis.runs.families import RunViews
+from routescope.analysis.runs.views import RunViews
 from routescope.analysis.runs.family_table import family_analysis, routing_views
 from routescope.analysis.inputs.prompts import check_prompt
 from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table

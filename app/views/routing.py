@@ -1,4 +1,4 @@
-"""Routing view: the run's views (`analysis.runs.families`: name -> tidy frame + drawer), drawn by the
+"""Routing view: the run's views (`analysis.runs.views`: name -> tidy frame + drawer), drawn by the
 drawer table (`components.drawers`) in a loop that never asks which family it is looking at;
 `drawn(run, model)` also feeds the Export view. Option labels come from the model's routing layers."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """PaPaformer's drawers: the Gumbel router's choice and Share-Linear's cosine-dominant path per token."""
 from __future__ import annotations
 
-from routescope.analysis.runs.families import View
+from routescope.analysis.runs.views import View
 
 from routescope.rendering import route_heatmaps as RH
 from routescope.rendering.draw_context import DrawContext, Drawer, Piece

@@ -3,7 +3,7 @@ options, utilisation and co-selection."""
 from __future__ import annotations
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.runs.families import View
+from routescope.analysis.runs.views import View
 from routescope.analysis.runs.routing import DEAD_FRACTION, MANY_OPTIONS, OVERLOAD_FACTOR, option_names
 
 from routescope.rendering import bar_figures as BF

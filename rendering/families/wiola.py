@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.runs.families import View
+from routescope.analysis.runs.views import View
 
 from routescope.rendering import bar_figures as BF
 from routescope.rendering import route_heatmaps as RH

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from routescope.analysis.export import columns as C
-from routescope.analysis.runs import families
+from routescope.analysis.runs import views as A
 from routescope.analysis.export.table_files import read_csv
 from routescope.analysis.runs.session import RunSettings, run_prompt
 from conftest import VOCAB
@@ -108,12 +108,12 @@ ENTROPY = "entropy"
 
 def toy_views(trace, model, **kw):
     """The generic views, plus `lane_entropy`: per layer and token, H(w) in nats of its lane weights."""
-    base = families.GENERIC.views(trace, model, **kw)
+    base = A.GENERIC.views(trace, model, **kw)
     w = base["options"].frame
     keys = [C.BATCH, C.POSITION, C.LAYER]
     p = w[C.WEIGHT].to_numpy(dtype=float)
     ent = w.assign(h=np.where(p > 0, -p * np.log(np.where(p > 0, p, 1.0)), 0.0)).groupby(keys, sort=False)["h"].sum()
-    return {**base, "lane_entropy": families.View(ent.rename(ENTROPY).reset_index(), families.FAMILY)}
+    return {**base, "lane_entropy": A.View(ent.rename(ENTROPY).reset_index(), A.FAMILY)}
 
 
 def draw_entropy(name, view, ctx):
@@ -131,7 +131,7 @@ def draw_entropy(name, view, ctx):
 def toy_view(toy_family, monkeypatch):
     """The toy family's own view and its drawer, registered for one test (AppTest runs the app in
     this process, so it sees them)."""
-    analysis = families.FamilyAnalysis(views=toy_views, export=families.GENERIC.export)
+    analysis = A.FamilyAnalysis(views=toy_views, export=A.GENERIC.export)
     rs_families.register(FamilySpec("toy", ToyConfig, Toy, toy_param_count, analysis,
                                     drawers={"lane_entropy": draw_entropy}))
     yield
