@@ -45,6 +45,7 @@ OVERRIDES: dict[str, dict] = {
         for t in ("full_attention", "sliding_attention")}},
     "qwen4_exp_text": {"indexer_budget": 64, "indexer_compress_ratio": 4},
     "dots3_note_text": {"head_dim": 16},  # its SWA head_dim must equal qk_nope + qk_rope
+    "mistral4": {"head_dim": 16},  # qk_nope + qk_rope: its rotary part is partial_rotary_factor of it
     "granitemoehybrid": {"mamba_d_head": 32, "layer_types": ["mamba", "attention", "mamba", "attention"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "zaya": {"num_experts_per_tok": 1},  # its validation accepts top-1 only
@@ -67,15 +68,52 @@ def _is_moe_dict(d: dict) -> bool:
     return any(any(f in s for f in EXPERT_FIELDS) for s in subs)
 
 
+def causal_lm_names() -> dict[str, str]:
+    """model_type -> its *ForCausalLM class name: where transformers' causal-LM auto mapping files it,
+    or where another auto mapping does (Mistral-4's is filed under image-text-to-text)."""
+    from transformers.models.auto import modeling_auto
+
+    out = dict(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    for k, m in vars(modeling_auto).items():
+        if k.endswith("_MAPPING_NAMES") and isinstance(m, dict):
+            for t, name in m.items():
+                if isinstance(name, str) and name.endswith("ForCausalLM"):
+                    out.setdefault(t, name)
+    return out
+
+
+def causal_lm(model_type: str):
+    """The class that builds `model_type` as a causal LM (from_config / from_pretrained)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return transformers.AutoModelForCausalLM
+    return _Concrete(getattr(transformers, causal_lm_names()[model_type]))
+
+
+class _Concrete:
+    """A concrete *ForCausalLM class with the auto class's from_config / from_pretrained."""
+
+    def __init__(self, cls):
+        self.cls = cls
+
+    def from_config(self, cfg, **kw):
+        return self.cls._from_config(cfg, **kw)
+
+    def from_pretrained(self, path, **kw):
+        return self.cls.from_pretrained(path, **kw)
+
+
 def moe_types() -> dict[str, type]:
     """model_type -> config class: every causal-LM type whose default config has an expert field."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    causal = causal_lm_names()
     out = {}
     for model_type, name in CONFIG_MAPPING_NAMES.items():
-        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        if model_type not in causal:
             continue
         cls = getattr(transformers, name, None)
         try:
@@ -141,11 +179,9 @@ def shrink(d: dict, vocab: int) -> dict:
 def tiny_moe(model_type: str, cls: type, vocab: int, seed: int = 0):
     """A random tiny transformers model of `model_type` in eval mode; router weights scaled up so
     routes differ between tokens (at their initial values they sit near uniform)."""
-    from transformers import AutoModelForCausalLM
-
     cfg = cls(**shrink(cls().to_dict(), vocab))
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model = causal_lm(model_type).from_config(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".gate." in name or ".router." in name or name.endswith((".gate.weight", ".router.weight")):

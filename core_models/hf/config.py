@@ -88,10 +88,41 @@ def _text(d: dict) -> dict:
 
 def hf_param_count(config: HFConfig) -> int:
     """Parameters of the transformers model `config` describes (built on the meta device)."""
-    # transformers is optional (the hf extra): imported when an HF model is used
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config.transformers_config(), trust_remote_code=False)
+        model = build_causal_lm(config.transformers_config())
     return sum(p.numel() for p in model.parameters())
+
+
+def causal_lm_class(model_type: Any, architectures: Any = None) -> Any:
+    """transformers' class that builds `model_type` as a causal LM: `AutoModelForCausalLM` where the
+    auto mapping files the type there; else a `*ForCausalLM` class of transformers' own, taking this
+    type's config, that `architectures` (config.json) names or another auto mapping files for the type
+    (transformers registers Mistral4ForCausalLM under image-text-to-text). None: there is none."""
+    # transformers is optional (the hf extra): imported when an HF model is used
+    import transformers
+    from transformers.models.auto import modeling_auto  # optional too (the hf extra)
+
+    if model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return transformers.AutoModelForCausalLM
+    names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
+    names += [m[model_type] for k, m in vars(modeling_auto).items() if k.endswith("_MAPPING_NAMES")
+              and isinstance(m, dict) and isinstance(m.get(model_type), str)]
+    for name in dict.fromkeys(n for n in names if n.endswith("ForCausalLM")):
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and \
+                getattr(cls.config_class, "model_type", None) == model_type:
+            return cls
+    return None
+
+
+def build_causal_lm(config: Any, **kwargs: Any) -> Any:
+    """The causal LM transformers builds from its `config` (random weights; `kwargs`: dtype), by
+    `causal_lm_class`; never a directory's own code."""
+    cls = causal_lm_class(config.model_type, getattr(config, "architectures", None))
+    if cls is None:
+        raise ValueError(f"model_type {config.model_type!r} is not a causal language model this transformers "
+                         f"({_transformers_version()}) knows")
+    if hasattr(cls, "_model_mapping"):  # the auto class
+        return cls.from_config(config, trust_remote_code=False, **kwargs)
+    return cls._from_config(config, **kwargs)
 

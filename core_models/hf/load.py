@@ -12,7 +12,7 @@ from safetensors import SafetensorError
 
 from ..devices import DTYPES, TooLarge, require_fits, run_dtype
 from ..weights import read_header, stored_dtype
-from .config import HFConfig, _transformers_version
+from .config import HFConfig, _transformers_version, build_causal_lm, causal_lm_class
 from .layout import UnsupportedMoE, moe_layout
 from .model import HFModel
 from .quirks import REFUSED
@@ -79,16 +79,14 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
         raise ValueError("device_map 'auto' places weights; it does not apply to the meta device")
     try:
         # transformers is optional (the hf extra): imported when an HF model is used
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging  # optional too (the hf extra)
+        from transformers.utils import logging as hf_logging
     except ImportError:
         raise ValueError(f"{path}: a Hugging Face transformers model ({d.get('model_type')}) needs the hf extra: "
                          "pip install -c constraints.txt -c constraints-hf.txt -e '.[hf]'") from None
 
-    # transformers is optional (the hf extra): imported when an HF model is used
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    if d.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:  # before transformers lists its ~900 names
+    # before transformers lists its ~900 names; a type filed under another task (Mistral-4) by `architectures`
+    causal_lm = causal_lm_class(d.get("model_type"), d.get("architectures"))
+    if causal_lm is None:
         if "auto_map" in d:
             raise ValueError(f"{path}: model_type {d.get('model_type')!r} needs the directory's own code (auto_map in "
                              "config.json); RouteScope never runs a model directory's code")
@@ -102,14 +100,14 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
     hf_logging.disable_progress_bar()
     try:
         with torch.device("meta"):  # shapes only: refuse a routing RouteScope cannot follow before reading weights
-            hf = AutoModelForCausalLM.from_config(config.transformers_config(), trust_remote_code=False)
+            hf = build_causal_lm(config.transformers_config())
         moe_layout(hf)
         dtype = run_dtype(dtype, _stored_dtype(Path(path), d), device)
         if device_map is None:
             require_fits(sum(p.numel() for p in hf.parameters()), dtype, device, str(path))
         offload = _offload_folder() if device_map is not None else None
         if device.type != "meta":
-            hf, info = AutoModelForCausalLM.from_pretrained(
+            hf, info = causal_lm.from_pretrained(
                 str(path), local_files_only=True, use_safetensors=True,
                 trust_remote_code=False,  # never run the directory's code
                 dtype=dtype, output_loading_info=True,

@@ -12,7 +12,7 @@ from ..run_state import KVCache, RunState, current
 from ..sites import INDICES, LOGITS, PROBS, WEIGHTS, Site, site_name
 from ..specs import AblationError
 from ..trace import Trace, active_trace
-from .config import HFConfig
+from .config import HFConfig, build_causal_lm
 from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _InsideRouter, _site, _unwrap,
                          _wrap)
 from .layout import HFRoutingLayer, _decoder_stack, _resolve, moe_layout
@@ -29,12 +29,8 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
 
     def __init__(self, config: HFConfig, hf_model: nn.Module | None = None) -> None:
         super().__init__()
-        # transformers is optional (the hf extra): imported when an HF model is used
-        from transformers import AutoModelForCausalLM
-
         self.config, self.context, self.vocab_size = config, config.context, config.vocab_size
-        self.hf = hf_model if hf_model is not None else AutoModelForCausalLM.from_config(
-            config.transformers_config(), trust_remote_code=False)
+        self.hf = hf_model if hf_model is not None else build_causal_lm(config.transformers_config())
         layers: dict[str, HFRoutingLayer] = {}
         sites: dict[str, Site] = {}
         self.quirk = quirk(config.model_type)  # what differs for this type from the generic block, and why
@@ -291,13 +287,9 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
 
     def float32_copy(self) -> "HFModel":
         """A float32 copy, rebuilt by transformers and given the weights (the shared model is not touched)."""
-        # transformers is optional (the hf extra): imported when an HF model is used
-        from transformers import AutoModelForCausalLM
-
         if all(p.dtype == torch.float32 for p in self.parameters()):
             return self
-        hf = AutoModelForCausalLM.from_config(self.config.transformers_config(), trust_remote_code=False,
-                                              dtype=torch.float32)
+        hf = build_causal_lm(self.config.transformers_config(), dtype=torch.float32)
         hf.load_state_dict({k: v.float() for k, v in self.hf.state_dict().items()})
         return HFModel(self.config, hf.to(self.device).eval()).eval()
 

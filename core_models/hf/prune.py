@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .config import build_causal_lm
+
 
 class PruneMixin:
     """HFModel's pruning and checkpoint writing (needs its hf, routing_modules and device)."""
@@ -33,16 +35,13 @@ class PruneMixin:
         """A new transformers model without the experts `drop` names (layer -> options, the same count in
         every MoE layer): transformers builds it from the config with the expert count lowered, and it
         gets the kept weights (router rows and expert tensors sliced on their expert axis)."""
-        # transformers is optional (the hf extra): imported when an HF model is used
-        from transformers import AutoModelForCausalLM
-
         counts = {len(v) for v in drop.values()}
         if set(drop) != set(self.routing_modules) or len(counts) != 1:
             raise ValueError("pruning removes the same number of experts from every MoE layer")
         cfg = copy.deepcopy(self.hf.config)
         text, field_ = _expert_count_field(cfg, self.quirk.expert_count)
         setattr(text, field_, getattr(text, field_) - counts.pop())
-        new = AutoModelForCausalLM.from_config(cfg, dtype=next(self.hf.parameters()).dtype)
+        new = build_causal_lm(cfg, dtype=next(self.hf.parameters()).dtype)
         state = self.hf.state_dict()
         for layer, options in drop.items():
             m = self.routing_modules[layer]

@@ -68,6 +68,9 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
     Quirk("jamba", "Jamba's hybrid stack ends in final_layernorm", final_norm="final_layernorm"),
     Quirk("deepseek_v2", "DeepSeek-V2: softmax router (greedy or group-limited top-k), shared experts",
           shared="shared_experts"),
+    Quirk("mistral4", "Mistral-4: DeepSeek-V2's softmax router (group-limited top-k, weights times "
+          "routed_scaling_factor), shared experts; transformers files its causal LM under image-text-to-text "
+          "(the loader finds it by `architectures`)", expert_count="n_routed_experts", shared="shared_experts"),
     Quirk("hunyuan_v1_moe", "HunYuan-MoE: the router's `wg` linear, softmax; a shared MLP", shared="shared_mlp"),
     Quirk("ernie4_5_moe", "ERNIE-4.5: softmax router whose selection adds moe_statics.e_score_correction_bias to the "
           "probabilities; shared experts", choice_bias="gate.moe_statics.e_score_correction_bias",

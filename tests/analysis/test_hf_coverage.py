@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_zoo import N_LAYERS, REPRESENTATIVE, moe_types, tiny_moe
+from hf_zoo import N_LAYERS, REPRESENTATIVE, causal_lm, moe_types, tiny_moe
 from routescope.core_models.ablation import Ablation
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.generate import generate
@@ -124,9 +124,7 @@ def coverage(model_type: str, tmp: str) -> dict:
         return {"status": "not built", "why": f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"}
     path = Path(tmp) / model_type
     m.save_pretrained(path)
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(path).eval()  # the plain reference: what transformers opens
+    m = causal_lm(model_type).from_pretrained(path).eval()  # the plain reference: what transformers opens
     try:
         model, _ = load_checkpoint(path)
     except CheckpointError as e:

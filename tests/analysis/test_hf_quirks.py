@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_models import saved_models
-from hf_zoo import N_EXPERTS, REPRESENTATIVE, TOP_K, moe_types, shrink, tiny_moe
+from hf_zoo import N_EXPERTS, causal_lm, REPRESENTATIVE, TOP_K, moe_types, shrink, tiny_moe
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.hf import HFConfig, HFModel, UnsupportedMoE, moe_layout, quirks
 from routescope.core_models.trace import tracing
@@ -21,16 +21,13 @@ IDS = [[11, 57, 3, 99, 140, 7, 250, 31, 64, 8, 200, 12]]
 
 
 def meta_model(model_type: str):
-    # transformers is optional (the hf extra); these tests need it
-    from transformers import AutoModelForCausalLM
-
     cls = TYPES[model_type]
     try:
         cfg = cls(**shrink(cls().to_dict(), 256))
     except Exception as e:  # the zoo cannot make this type (test_hf_coverage reports it)
         pytest.skip(f"the zoo cannot build {model_type}: {type(e).__name__}")
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(cfg)
+        return causal_lm(model_type).from_config(cfg)
 
 
 @pytest.mark.parametrize("model_type", [t if t in REPRESENTATIVE else pytest.param(t, marks=pytest.mark.slow)
