@@ -26,6 +26,8 @@ _loaded = False
 def _load() -> None:
     """Every entry point of the group, once per process; a plugin never replaces a built-in family."""
     global _loaded
+    if _loaded:  # every lookup asks: no lock once loaded
+        return
     with _lock:
         if _loaded:
             return
