@@ -28,9 +28,9 @@ from tiny_models import TINY, tiny_model
 
 TESTS = Path(__file__).resolve().parent
 # Full suite only, by module (paths relative to tests/) or by test function ("path::name", every
-# parameter), and why. Measured with `--durations=0` on the fast candidate set (2 cores, load ~2):
-# these held 180 of its 270 s.
-# (Ray, the venv builds and the other heavy single tests carry @pytest.mark.slow in their modules.)
+# parameter), and why: times from `--durations=0` on 2 cores at a load of about 2. With the AppTests
+# below they held about 180 s of the 272 s that everything else took; the fast set then ran in 148 s.
+# (Ray, the venv builds and other heavy single tests carry @pytest.mark.slow in their own modules.)
 FULL_ONLY = {
     "app/test_app_command.py": "starts `routescope app` (a Streamlit server) per case: 13 s",
     "hostile/test_interrupts_and_limits.py::test_arguments_that_are_not_utf8_get_one_line":
