@@ -40,19 +40,42 @@ def grouped_bars(df: pd.DataFrame, x: str, y: str, group: str, title: str, y_tit
     return fig
 
 
-def candidates_figure(tokens: list[str], probs: list[float], chosen: str, position: int) -> go.Figure:
+def candidates_figure(tokens: list[str], probs: list[float], chosen: str | int, position: int,
+                      ids: list[int] | None = None) -> go.Figure:
+    """The next-token candidates of one step, the most probable on top, every one a bar of its own:
+    each bar's category is its rank (plotly merges bars whose category strings are equal, and two
+    byte tokens both read "�"), its tick the token as shown, prefixed by the rank, with the token id
+    where two candidates read alike. `chosen`: the generated token's id (with `ids`) or its text."""
     labels = [show_token(t) for t in tokens]
-    colors = [HIGHLIGHT if t == chosen else NEUTRAL for t in tokens]  # not option colours
-    fig = go.Figure(go.Bar(x=probs[::-1], y=labels[::-1], orientation="h", marker_color=colors[::-1],
-                           text=[format_prob(p) for p in probs[::-1]], textposition="outside",
-                           customdata=[format_prob(p) for p in probs[::-1]],
-                           hovertemplate="%{y}: %{customdata}<extra></extra>"))
-    top = max(probs, default=1.0)
+    alike = {l for l in labels if labels.count(l) > 1}
+    ticks = [f"#{r + 1} {l}" + (f" (id {ids[r]})" if ids is not None and l in alike else "")
+             for r, l in enumerate(labels)]
+    picked = [i == chosen for i in ids] if ids is not None else [t == chosen for t in tokens]
+    colors = [HIGHLIGHT if p else NEUTRAL for p in picked]  # not option colours
+    keys = [f"r{r}" for r in range(len(tokens))][::-1]  # plotly draws the first category at the bottom
+    fig = go.Figure(go.Bar(x=probs[::-1], y=keys, orientation="h", marker_color=colors[::-1],
+                           text=[format_prob(p) for p in probs[::-1]], textposition="outside", cliponaxis=False,
+                           customdata=[[html.escape(t), format_prob(p)] for t, p in zip(ticks[::-1], probs[::-1])],
+                           hovertemplate="%{customdata[0]}: %{customdata[1]}<extra></extra>"))
+    top = min(1.0, max(probs, default=1.0)) or 1.0
     fig.update_layout(title=f"Next-token candidates at position {position} (dark: the token generated)",
                       # the axis fits the largest value, with room for its label outside the bar
-                      xaxis=dict(range=[0, min(1.0, top) * 1.2], tickformat=".0%" if top >= 0.05 else ".1%"),
+                      xaxis=dict(range=[0, top * 1.2], **prob_ticks(top * 1.2)),
                       height=60 + 26 * len(tokens), margin=dict(l=10, r=10, t=40, b=10))
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=keys, tickmode="array", tickvals=keys,
+                     ticktext=ticks[::-1])
     return fig
+
+
+def prob_ticks(hi: float, n: int = 4) -> dict:
+    """Axis settings for probabilities from 0 to `hi`: about `n` ticks a round step apart (1, 2 or 5
+    times a power of ten) and just the decimals of a percent that tell them apart (a ".1%" axis up to
+    0.06% reads "0.0%" at every tick)."""
+    raw = hi / n if hi > 0 else 0.25
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    decimals = max(0, -math.floor(math.log10(step * 100) + 1e-9))
+    return dict(tick0=0, dtick=step, tickformat=f".{decimals}%")
 
 
 def kl_figure(effects: pd.DataFrame, tokens: list[str], n_prompt: int | None = None) -> go.Figure:

@@ -34,7 +34,7 @@ def show(run: Run, tokenizer) -> None:
                             format_func=lambda i: f"{i}: {show_token(shown[steps[i].position])}")
     s = steps[pick]
     texts = decode_tokens(tokenizer, s.top_ids)
-    st.plotly_chart(candidates_figure(texts, s.top_probs, run.tokens[s.position], s.position),
+    st.plotly_chart(candidates_figure(texts, s.top_probs, s.token_id, s.position, ids=s.top_ids),
                     key="candidates_chart", width="stretch")
     with st.expander("Every step as a table"):
         st.dataframe(steps_table(run, tokenizer, shown), width="stretch", key="steps_table", hide_index=True)

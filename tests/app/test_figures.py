@@ -177,6 +177,37 @@ def test_candidates_axis_fits_its_values():
         assert lo == 0 and max(probs) < hi <= max(probs) * 1.5  # the top bar fills most of the width
 
 
+def test_candidates_alike_in_display_keep_a_bar_and_a_label_each_in_rank_order():
+    # two byte tokens both decode to "\ufffd": plotly merged equal category strings into one bar
+    toks, probs, ids = ["\ufffd", " the", "\ufffd", " a"], [0.4, 0.3, 0.2, 0.1], [171, 262, 172, 257]
+    fig = candidates_figure(toks, probs, 262, 5, ids=ids)
+    bar = fig.data[0]
+    assert len(set(bar.y)) == len(toks) == len(bar.x)  # a category per candidate
+    order = list(fig.layout.yaxis.categoryarray)[::-1]  # top to bottom
+    tick = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext))
+    length = dict(zip(bar.y, bar.x))
+    assert [length[k] for k in order] == probs  # rank order, each bar its own probability (no doubled bar)
+    shown = [tick[k] for k in order]
+    assert len(set(shown)) == len(toks)  # every label visible and told apart
+    for r, (t, i) in enumerate(zip(toks, ids)):
+        assert shown[r].startswith(f"#{r + 1} ") and show_token(t) in shown[r]
+        assert (str(i) in shown[r]) == (toks.count(t) > 1)  # the id only where two read alike
+    colour = dict(zip(bar.y, bar.marker.color))
+    assert [colour[k] for k in order].count(colour[order[1]]) == 1  # only the generated token is dark
+
+
+@pytest.mark.parametrize("probs", [[4e-4, 3e-4, 2e-4, 1e-4, 5e-5], [0.03, 0.01], [0.9, 0.05], [3e-7, 1e-7]])
+def test_candidate_ticks_read_distinct_values(probs):
+    """The axis ticks, formatted as d3 formats them (".N%" is Python's ".N%"), differ from each
+    other and from 0 (a ".1%" axis up to 0.05% read "0.0%" five times)."""
+    ax = candidates_figure([f"t{i}" for i in range(len(probs))], probs, "t0", 3).layout.xaxis
+    assert ax.dtick is not None and ax.tick0 == 0
+    vals = [ax.tick0 + j * ax.dtick for j in range(int(ax.range[1] / ax.dtick + 1e-9) + 1)]
+    text = [format(v, ax.tickformat[:-1] + "%") for v in vals]
+    assert 3 <= len(vals) <= 7 and len(set(text)) == len(text), text
+    assert all(float(t[:-1]) > 0 for t in text[1:]), text
+
+
 def test_kl_chart_marks_where_the_prompt_ends():
     import pandas as pd
 
