@@ -47,8 +47,9 @@ class _InsideRouter(TorchFunctionMode):
 
     def __init__(self, dropped: frozenset[int], want_probs: bool, bias: torch.Tensor | None, mask: float,
                  row_mask: torch.Tensor | None = None, logits_ops: tuple[str, ...] = ("linear",),
-                 want_choice: bool = False) -> None:
+                 want_choice: bool = False, logits_weight: torch.Tensor | None = None) -> None:
         super().__init__()
+        self.logits_weight = logits_weight  # the logits are the op's result on this weight (else its first)
         self.want_choice, self.chosen = want_choice, None  # chosen: [tokens, k] the router's top-k indices
         self.dropped, self.want_probs, self.bias, self.mask = sorted(dropped), want_probs, bias, mask
         self.logits_ops = set().union(*(LOGITS_OPS[o] for o in logits_ops))
@@ -65,7 +66,8 @@ class _InsideRouter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.logits is None:
-            if func in self.logits_ops:  # the router's linear: its logits
+            if func in self.logits_ops and (self.logits_weight is None or any(
+                    _same_storage(a, self.logits_weight) for a in args)):  # the router's linear: its logits
                 if self.dropped:
                     out = self._mask(out, self.mask)
                 self.logits = out

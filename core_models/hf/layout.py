@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..sites import RoutingLayer
-from .quirks import GENERIC, LOGITS, PROBS, SCORES, Quirk, quirk
+from .quirks import GATES, GENERIC, LOGITS, PROBS, SCORES, SLOTS, Quirk, quirk
 
 ROUTER_LOGITS = "router_logits"  # transformers' recorder key for its routers
 
@@ -23,7 +23,8 @@ class MoEBlock:
     """One MoE block of a transformers model, as `moe_layout` found it (module paths) by its type's record."""
 
     router: str  # the recorded router: the routing layer's name
-    experts: str  # its sibling, called as experts(hidden_states, top_k_index, top_k_weights)
+    experts: str | None  # its sibling, called as experts(hidden_states, top_k_index, top_k_weights) (or, where
+    # the record reads the routes at the router, as the block calls it; None: no one module)
     logits_index: int | None  # where the router's output holds its logits (None: its linear's result)
     n_experts: int  # routed experts: the width of the router's logits
     top_k: int
@@ -32,8 +33,8 @@ class MoEBlock:
     choice_bias: str | None = None  # the tensor added to its scores before selection
     shared: str | None = None  # a shared expert that runs for every token
     shared_gate: str | None = None  # its gate linear
-    scores_index: int | None = None  # where the router's output holds its dense [tokens, n] scores, for a
-    # record whose routes are read at the router (`Quirk.routes`); None: at the experts call
+    routes_at_router: bool = False  # the routes are the router's own top-k and its output (`Quirk.routes`)
+    logits_weight: str | None = None  # the weight whose op gives the logits, where not the router's first op
 
 
 def _recorders(hf_model: nn.Module) -> list[tuple[type, int]]:
@@ -54,12 +55,13 @@ def _first_linear(router: nn.Module) -> nn.Linear | None:
         (m for m in router.modules() if isinstance(m, nn.Linear)), None)
 
 
-def _n_experts(router: nn.Module, index: int) -> int:
+def _n_experts(router: nn.Module, index: int, logits_weight: str | None = None) -> int:
     """The width of the router's logits at `index` of its output, from one call on one zero token
     (on a meta model, shapes only); where that call needs more than the hidden state, the rows of its
-    linear (its own weight, or its first Linear child)."""
+    linear (the record's logits weight, its own weight, or its first Linear child)."""
     lin = _first_linear(router)
-    w = lin.weight if lin is not None else getattr(router, "weight", None)
+    w = _resolve(router, logits_weight) if logits_weight else lin.weight if lin is not None else \
+        getattr(router, "weight", None)
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         raise UnsupportedMoE(f"its router {type(router).__name__} has no linear to read the experts' count from")
     try:
@@ -100,7 +102,10 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
     classes = tuple(cls for cls, _ in recorders)
     index = dict(recorders)
     named = dict(hf_model.named_modules())
-    routers = [(n, m) for n, m in named.items() if classes and isinstance(m, classes)]
+    recorded = [(n, m) for n, m in named.items() if classes and isinstance(m, classes)]
+    # the innermost recorded module is the router (JetMoE records its attention too, around its attention
+    # experts' router)
+    routers = [(n, m) for n, m in recorded if not any(o.startswith(n + ".") for o, _ in recorded)]
     if not routers:
         experts = [n for n in named if n.rsplit(".", 1)[-1] == "experts"]
         if experts:
@@ -109,7 +114,7 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
         return []
     routed_blocks = {n.rsplit(".", 1)[0] if "." in n else "" for n, _ in routers}
     orphans = [n for n in named if n.rsplit(".", 1)[-1] == "experts" and (n.rsplit(".", 1)[0] if "." in n else "")
-               not in routed_blocks and not isinstance(named[n], classes)]
+               not in routed_blocks and n not in routed_blocks and not isinstance(named[n], classes)]
     if orphans:
         parent = named[orphans[0].rsplit(".", 1)[0]] if "." in orphans[0] else hf_model
         raise UnsupportedMoE(f"its MoE block {type(parent).__name__} ({orphans[0]}) routes without a router that "
@@ -117,8 +122,19 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
     q = quirk(getattr(hf_model.config, "model_type", ""))
     if q.refused:
         raise UnsupportedMoE(q.refused)
+    if q.call_order:  # within a decoder layer, the order its forward calls them
+        routers.sort(key=lambda r: _call_rank(r[0], q.call_order, list(named)))
     return [_block(name, router, named, index[next(c for c in classes if isinstance(router, c))], q, hf_model.config)
             for name, router in routers]
+
+
+def _call_rank(name: str, order: tuple[str, ...], module_order: list[str]) -> tuple[int, int]:
+    """(module rank of the decoder layer holding `name`, rank in `order` of its child holding it)."""
+    parts = name.split(".")
+    at = next((i for i, p in enumerate(parts) if p in order), None)
+    if at is None:
+        raise UnsupportedMoE(f"its router {name} sits under none of {', '.join(order)}, its record's call order")
+    return module_order.index(".".join(parts[:at])), order.index(parts[at])
 
 
 def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q: Quirk, config: Any) -> MoEBlock:
@@ -127,20 +143,20 @@ def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q
     parent = name.rsplit(".", 1)[0] if "." in name else ""
     block = named[parent]
     where = f"its MoE block {type(block).__name__}"
-    experts = getattr(block, "experts", None)
+    experts = getattr(block, q.experts, None) if q.experts else None
     call = "experts(hidden, top_k_index, top_k_weights)"  # the wording of refusals (README support table)
-    if not isinstance(experts, nn.Module):
+    if not isinstance(experts, nn.Module) and not (q.routes == "router" and q.experts is None):
         raise UnsupportedMoE(f"{where} has no `experts` module beside the router {type(router).__name__} "
                              f"(RouteScope reads routes where a block calls {call})")
     params = [p for p in inspect.signature(type(experts).forward).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]  # the class's: not a wrapper's
-    if q.routes == "router":  # the routes are the router's own top-k and its scores output
-        if SCORES not in q.output:
-            raise UnsupportedMoE(f"its record reads routes at the router but names no scores output ({q.why})")
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:] if experts is not None else []
+    if q.routes == "router":  # the routes are the router's own top-k and its output (scores, or sorted gates)
+        if SCORES not in q.output and not {SLOTS, GATES} <= set(q.output):
+            raise UnsupportedMoE(f"its record reads routes at the router but names no weights in its output ({q.why})")
     elif len(params) < 3:
         raise UnsupportedMoE(f"{where} calls {type(experts).__name__}({', '.join(p.name for p in params)}) without "
                              f"the top-k indices and weights (RouteScope reads routes at {call})")
-    n = _n_experts(router, at)
+    n = _n_experts(router, at, q.logits_weight)
     for child in (q.shared, q.shared_gate):
         if child is not None and not isinstance(getattr(block, child, None), nn.Module):
             raise UnsupportedMoE(f"{where} has no `{child}`, which its record names ({q.why})")
@@ -155,10 +171,12 @@ def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q
     if logits is not None and logits != at:
         raise UnsupportedMoE(f"its router {type(router).__name__} gives transformers' router_logits at output {at}, "
                              f"its record at {logits} ({', '.join(q.output)})")
-    return MoEBlock(router=name, experts=f"{parent}.experts", logits_index=logits, n_experts=n,
+    return MoEBlock(router=name, experts=f"{parent}.{q.experts}" if experts is not None else None,
+                    logits_index=logits, n_experts=n,
                     top_k=_top_k(router, config, q), quirk=q,
                     probs_index=q.output.index(PROBS) if PROBS in q.output else None, choice_bias=bias,
-                    scores_index=q.output.index(SCORES) if q.routes == "router" else None,
+                    routes_at_router=q.routes == "router",
+                    logits_weight=f"{name}.{q.logits_weight}" if q.logits_weight else None,
                     shared=f"{parent}.{q.shared}" if q.shared else None,
                     shared_gate=f"{parent}.{q.shared_gate}" if q.shared_gate else None)
 
@@ -203,6 +221,9 @@ class HFRoutingLayer(RoutingLayer):
         self.shared = bool(block.shared)
         self.n_options = self.n_experts + self.shared
         self._roles = roles
+        # what it routes to, where its record says (JetMoE's attention experts)
+        self.option_noun = next((noun for seg, noun in block.quirk.option_nouns if f".{seg}." in f".{self.name}."),
+                                "expert")
 
     @property
     def roles(self) -> dict[str, str]:
@@ -213,5 +234,18 @@ class HFRoutingLayer(RoutingLayer):
         return self.n_experts  # the shared expert runs for every token
 
     def option_labels(self) -> list[str]:
-        return [f"expert {j}" for j in range(self.n_experts)] + (["shared expert"] if self.shared else [])
+        return [f"{self.option_noun} {j}" for j in range(self.n_experts)] + (["shared expert"] if self.shared else [])
+
+
+def router_weights(block: MoEBlock, output: tuple, idx: torch.Tensor) -> torch.Tensor:
+    """[tokens, k] the weights the block gives the router's own top-k `idx` [tokens, k], read from the
+    router's `output` where its record reads the routes there: its dense scores at `idx` (Llama-4), or
+    its gates sorted by expert put back in token order by their slots (JetMoE)."""
+    names = block.quirk.output
+    if SCORES in names:
+        return output[names.index(SCORES)].gather(-1, idx)
+    slots, gates = output[names.index(SLOTS)], output[names.index(GATES)]
+    w = torch.empty_like(gates)
+    w[slots] = gates
+    return w.reshape(idx.shape)
 

@@ -15,7 +15,7 @@ from ..trace import Trace, active_trace
 from .config import HFConfig, build_causal_lm
 from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _InsideRouter, _site, _unwrap,
                          _wrap)
-from .layout import HFRoutingLayer, _decoder_stack, _resolve, moe_layout
+from .layout import HFRoutingLayer, _decoder_stack, _resolve, moe_layout, router_weights
 from .prune import PruneMixin
 from .quirks import EXPERTS_CALL, quirk
 from .resume import ResumeMixin
@@ -47,7 +47,7 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
                 sites[site] = _site(site, shapes[role])
             layers[name] = HFRoutingLayer(block, roles)
             _wrap(self.hf.get_submodule(name), self, HFModel._router_forward, name)
-            if block.scores_index is None:  # else the router's wrapper reads the routes (`Quirk.routes`)
+            if not block.routes_at_router:  # else the router's wrapper reads the routes (`Quirk.routes`)
                 _wrap(self.hf.get_submodule(block.experts), self, HFModel._experts_forward, name)
             if block.shared:
                 _wrap(self.hf.get_submodule(block.shared), self, HFModel._shared_forward, name)
@@ -118,14 +118,14 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
         want_probs = tr is not None and block.probs_index is None and PROBS not in layer.unavailable \
             and tr.wants(layer.roles[PROBS])
         want_logits = tr is not None and block.logits_index is None and tr.wants(layer.roles[LOGITS])
-        cap = _CAPTURE.get() if block.scores_index is not None else None
-        want_choice = block.scores_index is not None and (cap is not None or tr is not None and (
+        cap = _CAPTURE.get() if block.routes_at_router else None
+        want_choice = block.routes_at_router and (cap is not None or tr is not None and (
             tr.wants(layer.roles[INDICES]) or tr.wants(layer.roles[WEIGHTS])))
         mode = None
         if dropped or want_probs or want_logits or want_choice:
             bias = _resolve(self.hf, block.choice_bias) if dropped and block.choice_bias else None
             mode = _InsideRouter(dropped, want_probs, bias, self.quirk.logit_mask, row_mask, self.quirk.logits_ops,
-                                 want_choice)
+                                 want_choice, _resolve(self.hf, block.logits_weight) if block.logits_weight else None)
             with mode:
                 output = inner(*args, **kwargs)
         else:
@@ -135,7 +135,7 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
                 raise ValueError(f"{self.config.model_type}: {name} made no top-k; its record reads the routes at "
                                  "its router's torch.topk")
             idx = mode.chosen
-            w = output[block.scores_index].gather(-1, idx)
+            w = router_weights(block, output, idx)
             if cap is not None:
                 cap.experts[name] = (args[0] if args else kwargs["hidden_states"], idx, w)
             if tr is not None:

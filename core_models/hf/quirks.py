@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 LOGITS, PROBS, SCORES = "logits", "probs", "scores"  # SCORES: [tokens, n] weights, 0 where not chosen
+SLOTS, GATES = "sorted slots", "sorted gates"  # JetMoE: token-major top-k slots sorted by expert, their weights
 EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")  # what every block passes its experts
 
 
@@ -25,10 +26,19 @@ class Quirk:
     output: tuple[str, ...] = ("logits", "weights", "indices")  # the router's return value, element by element
     scoring: str = "softmax"  # softmax | sigmoid | softmax over the top-k | sparsemixer | MLP router
     logits_ops: tuple[str, ...] = ("linear",)  # torch ops whose first result inside the router is the logits
+    logits_weight: str | None = None  # the weight (path in the router) of the op giving the logits, where
+    # it is not the router's first (ZAYA's MLP router: its last linear, router_mlp.out_proj.weight)
     # where the block's routes are read: "experts" (the experts call's top_k_index, top_k_weights) or
-    # "router" (the router's own first torch.topk gives the indices; its dense `scores` output, gathered
-    # there, the weights: Llama-4's experts take tokens already scaled by them)
+    # "router" (the router's own first torch.topk gives the indices; the weights are its dense `scores`
+    # output gathered there (Llama-4: its experts take tokens already scaled by them), or its `sorted
+    # gates` put back in token order by its `sorted slots` (JetMoE))
     routes: str = "experts"
+    experts: str | None = "experts"  # the experts module beside the router, by child name (None: none is one
+    # module; per-expert outputs are then unavailable)
+    call_order: tuple[str, ...] = ()  # a decoder layer's children in the order its forward calls them, where
+    # routers sit in several and module order differs (JetMoE registers its MLP before its attention)
+    option_nouns: tuple[tuple[str, str], ...] = ()  # (path segment, what a routing layer under it routes
+    # to), where not MLP experts (JetMoE's attention experts)
     choice_bias: str | None = None  # the tensor (path from the MoE block) added to scores before selection
     top_k: str = "router.top_k"  # experts per token: "router.<attr>" or "config.<field>" (text config)
     expert_count: str | None = "num_experts"  # the (text) config field counting routed experts: lowered by pruning
@@ -146,10 +156,28 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
             unavailable=((PROBS, "its router takes the sigmoid of the top-k logits only (the others score 0): "
                                  "there is no probability over every expert"),))
       for t in ("llama4", "llama4_text")],
-    # not followed yet
-    Quirk("zaya", "ZAYA: an MLP router whose last layer gives the logits", scoring="MLP router",
-          refused="its router is an MLP whose last layer gives the logits (RouteScope masks a dropped expert at the "
-                  "router's first linear); not supported yet"),
+    # JetMoE: attention experts too; its gatings select inside and return their gates sorted by expert
+    Quirk("jetmoe", "JetMoE: a mixture of attention heads (each attention's query and output projections are "
+          "experts, routed by their own top-k gating) as well as of MLP experts; each gating's linear gives the "
+          "logits, a softmax over the top-k logits the gates, returned sorted by expert",
+          output=(SLOTS, "token of each slot", GATES, "tokens per expert", LOGITS), scoring="softmax over the top-k",
+          routes="router", experts=None, expert_count="num_local_experts", call_order=("self_attention", "mlp"),
+          option_nouns=(("self_attention", "attention expert"),),
+          unavailable=(*_TOPK_SOFTMAX,
+                       ("prune", "its attention and MLP experts share num_local_experts, and its experts are the "
+                                 "blocks' input_linear / output_linear, which pruning does not slice"),
+                       ("expert_outputs", "its experts are the block's input_linear and output_linear around its "
+                                          "activation (MLP) or its attention (MoA), not one module"))),
+    # an MLP router: its last linear gives the logits
+    Quirk("zaya", "ZAYA: an MLP router (down_proj plus the previous layer's router states, then norm, fc1, fc2, "
+          "out_proj) whose last linear gives the logits over the experts and one skip class (no compute); "
+          "softmax, selection on the probabilities + balancing_biases", scoring="MLP router",
+          logits_weight="router_mlp.out_proj.weight", choice_bias="gate.balancing_biases", final_norm=None,
+          output=(LOGITS, "weights", "indices", "router states"),
+          unavailable=(("prune", "its router scores a skip class past the num_experts experts, which pruning by "
+                                 "num_experts would not keep"),
+                       ("resume", "its decoder layers hand the router states on to the next layer's router beside "
+                                  "the residual stream, which a restart would take from the unablated run"))),
 ]}
 QUIRKS["gemma4"] = _as(QUIRKS["gemma4_text"], "gemma4")
 

@@ -93,8 +93,11 @@ class ResumeMixin:
         with that slot's weight 1 and the others 0."""
         hidden, idx, w = prefix.experts[layer]
         block = self.routing_modules[layer].block
+        if block.experts is None:
+            raise ValueError(f"{self.config.model_type}: {layer} has no per-expert outputs: "
+                             f"{block.quirk.reason('expert_outputs') or 'its experts are not one module'}")
         experts = self.hf.get_submodule(block.experts)
-        if block.scores_index is not None:  # experts that take every expert's copy of the tokens, pre-scaled
+        if block.routes_at_router:  # experts that take every expert's copy of the tokens, pre-scaled
             n, flat = block.n_experts, hidden.reshape(-1, hidden.shape[-1])  # (Llama-4): scaled by 1 here
             every = experts(flat.repeat(n, 1)).reshape(n, flat.shape[0], -1)  # [n, tokens, hidden]
             tokens = torch.arange(flat.shape[0], device=idx.device)[:, None]

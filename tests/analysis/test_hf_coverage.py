@@ -43,22 +43,30 @@ GOAL = 56
 
 def experts_inputs(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(top_k_index, top_k_weights) each MoE block passes its experts, in call order, on a plain forward.
-    A block whose experts take the tokens alone, already scaled (Llama-4's: its router returns (scores,
-    logits), scores 0 off the top-k), routes to the top-k of its router's logits with the scores there."""
+    A block whose experts do not take them routes as its `router` says: Llama-4's returns (scores,
+    logits), scores 0 off the top-k (its experts take tokens pre-scaled by them); JetMoE's gatings (its
+    MLP and its attention experts) return (slots sorted by expert, token of each slot, their gates,
+    tokens per expert, logits), gates a softmax over the top-k logits. Either routes to the top-k of
+    the router's logits, weighted by the scores there or by the gates put back in token order."""
     got, hs = [], []
 
-    def scaled(router, args, out):
-        scores, logits = out
-        idx = logits.topk(router.top_k, dim=-1).indices
-        got.append((idx, scores.gather(-1, idx)))
+    def takes(m) -> int:
+        return len(inspect.signature(type(m).forward).parameters) - 1
+
+    def from_router(router, args, out):
+        idx = out[-1].topk(router.top_k, dim=-1).indices
+        if len(out) == 2:  # Llama-4: (scores, logits)
+            w = out[0].gather(-1, idx)
+        else:  # JetMoE: gates sorted by expert, at their slots
+            w = torch.empty_like(out[2])
+            w[out[0]] = out[2]
+        got.append((idx, w.reshape(idx.shape)))
 
     for name, mod in model.named_modules():
-        if name.rsplit(".", 1)[-1] == "experts":
-            takes = len(inspect.signature(type(mod).forward).parameters) - 1
-            if takes == 1 and isinstance(getattr(model.get_submodule(name.rsplit(".", 1)[0]), "router", None),
-                                         torch.nn.Module):
-                hs.append(model.get_submodule(name.rsplit(".", 1)[0]).router.register_forward_hook(scaled))
-                continue
+        router, experts = getattr(mod, "router", None), getattr(mod, "experts", None)
+        if isinstance(router, torch.nn.Module) and not (isinstance(experts, torch.nn.Module) and takes(experts) >= 3):
+            hs.append(router.register_forward_hook(from_router))
+        elif name.rsplit(".", 1)[-1] == "experts" and takes(mod) >= 3:
             hs.append(mod.register_forward_pre_hook(lambda m, a: got.append((a[1], a[2])) if len(a) >= 3 else None))
     try:
         with torch.no_grad():
@@ -71,8 +79,9 @@ def experts_inputs(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @contextmanager
 def masked(model, dropped: dict[str, list[int]], n_experts: dict[str, int], value: float):
-    """The plain model with the dropped experts' logits -inf as each router's first linear returns
-    them (F.linear patched for the duration) and their selection-bias buffers at -1e9 (the router's, and
+    """The plain model with the dropped experts' logits -inf as the first linear inside each router
+    that gives one per expert returns them (ZAYA's MLP router: its last; F.linear patched for the
+    duration) and their selection-bias buffers at -1e9 (the router's, and
     its block's own `e_score_correction_bias` / `expert_bias`)."""
     inside: dict[str, bool] = {}
     real = F.linear
@@ -80,7 +89,7 @@ def masked(model, dropped: dict[str, list[int]], n_experts: dict[str, int], valu
 
     def linear(x, w, b=None):
         out = real(x, w, b)
-        if current and inside.get(current[-1]):
+        if current and inside.get(current[-1]) and out.shape[-1] == n_experts[current[-1]]:
             inside[current[-1]] = False
             out = out.index_fill(-1, torch.tensor(dropped[current[-1]]), value)
         return out
@@ -103,7 +112,7 @@ def masked(model, dropped: dict[str, list[int]], n_experts: dict[str, int], valu
         own = [b for n, b in [*parent.named_buffers(recurse=False), *parent.named_parameters(recurse=False)]
                if n in ("e_score_correction_bias", "expert_bias")]
         for bname, buf in [*r.named_buffers(), *r.named_parameters(), *(("bias", b) for b in own)]:
-            if bname.endswith("bias") and buf.shape[-1] == n_experts[name]:
+            if bname.endswith(("bias", "biases")) and buf.shape[-1] == n_experts[name]:  # ZAYA: balancing_biases
                 with torch.no_grad():
                     buf[..., dropped[name]] = -1e9
     try:
@@ -196,7 +205,9 @@ def verified(model_type: str, row: dict) -> str:
     assert len(layers) == len(want) > 0  # one routing layer per MoE block that ran: no MoE opened as dense
     with torch.no_grad():
         try:
-            n_ref = len(plain(torch.tensor(IDS), output_router_logits=True).router_logits)
+            # distinct tensors: JetMoE records each attention's router logits twice (the attention's output
+            # and its experts' gating's)
+            n_ref = len({t.data_ptr() for t in plain(torch.tensor(IDS), output_router_logits=True).router_logits})
         except (TypeError, AttributeError):
             n_ref = None
     if n_ref is not None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_models import saved_models
-from hf_zoo import N_EXPERTS, causal_lm, REPRESENTATIVE, TOP_K, moe_types, shrink, tiny_moe
+from hf_zoo import N_EXPERTS, OVERRIDES, REPRESENTATIVE, TOP_K, causal_lm, moe_types, shrink, tiny_moe
 from routescope.core_models.checkpoint import CheckpointError, load_checkpoint
 from routescope.core_models.hf import HFConfig, HFModel, UnsupportedMoE, moe_layout, quirks
 from routescope.core_models.trace import tracing
@@ -49,16 +49,18 @@ def test_each_record_matches_the_block_transformers_builds(model_type):
         # every child named shared* is the record's shared expert or its gate (none is left unread)
         shared = {n for n, c in block.named_children() if n.startswith("shared") and any(True for _ in c.parameters())}
         assert shared == {x for x in (q.shared, q.shared_gate) if x}, (shared, q)
-        # every per-expert tensor named *bias of the block (router included) other than a linear's own bias
-        # is the record's selection bias
+        # every per-expert tensor named *bias or *biases (ZAYA's balancing_biases) of the block (router
+        # included) other than a linear's own bias is the record's selection bias
         linear_biases = {f"{n}.bias" if n else "bias" for n, c in block.named_modules()
                          if isinstance(c, torch.nn.Linear) or c is router and hasattr(c, "weight")}
         biases = {n for n, t in [*block.named_parameters(), *block.named_buffers()]
-                  if n.endswith("bias") and t.numel() == b.n_experts and n not in linear_biases}
+                  if n.endswith(("bias", "biases")) and t.numel() == b.n_experts and n not in linear_biases}
         assert biases == ({q.choice_bias} if q.choice_bias else set()), (biases, q)
-        assert b.top_k == TOP_K  # the zoo sets every experts-per-token field to TOP_K
+        # the zoo sets every experts-per-token field to TOP_K (but where a type's validation wants another)
+        assert b.top_k == OVERRIDES.get(model_type, {}).get("num_experts_per_tok", TOP_K)
         zero = getattr(getattr(m.config, "text_config", None) or m.config, "zero_expert_num", None) or 0
-        assert b.n_experts == N_EXPERTS + zero  # LongCat-Flash's logits also cover its zero-computation experts
+        # LongCat-Flash's logits also cover its zero-computation experts, ZAYA's its skip class
+        assert b.n_experts == (getattr(router, "num_router_classes", None) or N_EXPERTS + zero)
         if q.expert_count is not None:  # the field pruning lowers holds the expert count
             source = getattr(m.config, "text_config", None) or m.config
             for part in q.expert_count.split("."):
