@@ -262,34 +262,48 @@ def expert_matrix_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | 
     return fig
 
 
+FLAG_SYMBOLS = {"dead": "x-thin", "overloaded": "triangle-up"}  # ✕ and ▲, as the titles name them
+LEGEND_PX, TITLE_LINE_PX = 28, 24  # a one-row horizontal legend; a title line at plotly's 17 px font
+
+
 def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str], title: str, value: str,
                         flags: dict[str, np.ndarray]) -> go.Figure:
-    """Layers x options, colour = `value` (a share), options ordered by their load over all layers
-    (busiest left); each flag (name -> boolean per row of `u`: dead ✕, overloaded ▲) marks its cells.
-    Hover names layer, option and value."""
+    """Layers x options, colour = `value` (a share). One column order for every layer: the options by
+    their `value` summed over all layers, busiest left (the axis title says so; hover gives each cell's
+    rank within its own layer). Each flag (name -> boolean per row of `u`: dead ✕, overloaded ▲) marks
+    its cells; a flag with no cell has no legend entry. The title (lines split by <br>) sits at the top,
+    the flags' legend between it and the plot."""
     layers = _layers(u, depth)
     load = u.groupby(C.OPTION)[value].sum().sort_values(ascending=False, kind="stable")
     order = list(load.index)
     col = {o: i for i, o in enumerate(order)}
     li = {l: i for i, l in enumerate(layers)}
+    rows, cols = u[C.LAYER].map(li).to_numpy(), u[C.OPTION].map(col).to_numpy()
     z = np.full((len(layers), len(order)), np.nan)
-    z[u[C.LAYER].map(li).to_numpy(), u[C.OPTION].map(col).to_numpy()] = u[value].to_numpy(dtype=float)
+    z[rows, cols] = u[value].to_numpy(dtype=float)
+    rank = np.zeros(z.shape, dtype=int)
+    rank[rows, cols] = u.groupby(C.LAYER)[value].rank(ascending=False, method="min").to_numpy(dtype=int)
     x = [str(o) for o in order]
-    fig = go.Figure(go.Heatmap(z=np.round(z, 5), x=x, y=layers, colorscale="Blues", zmin=0,
+    fig = go.Figure(go.Heatmap(z=np.round(z, 5), x=x, y=layers, colorscale="Blues", zmin=0, customdata=rank,
                                colorbar=dict(title="share"),
-                               hovertemplate="%{y}<br>option %{x}: share %{z:.4f}<extra></extra>"))
-    for (flag, hit), symbol in zip(flags.items(), ("x-thin", "triangle-up")):
+                               hovertemplate="%{y}<br>option %{x}: share %{z:.4f} (#%{customdata} in its layer)"
+                                             "<extra></extra>"))
+    for flag, hit in flags.items():
         f = u[np.asarray(hit, dtype=bool)]
+        if f.empty:
+            continue
         fig.add_scatter(x=f[C.OPTION].astype(str), y=f[C.LAYER], mode="markers", name=flag,
-                        marker=dict(symbol=symbol, size=7 if len(order) <= 64 else 5, color="#E45756",
-                                    line=dict(width=1.5, color="#E45756")),
+                        marker=dict(symbol=FLAG_SYMBOLS.get(flag, "circle-open"), size=7 if len(order) <= 64 else 5,
+                                    color="#E45756", line=dict(width=1.5, color="#E45756")),
                         hovertemplate=f"%{{y}}<br>option %{{x}}: {flag}<extra></extra>")
-    fig.update_xaxes(type="category", categoryorder="array", categoryarray=x, title="option (busiest first)",
-                     tickfont=dict(size=9), showgrid=False)
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=x, tickfont=dict(size=9), showgrid=False,
+                     title="option, by its share summed over all layers (busiest left, one order for every layer)")
     fig.update_yaxes(autorange="reversed", fixedrange=True)
-    fig.update_layout(title=title, plot_bgcolor="white", height=max(260, 22 * len(layers) + 140),
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
-                      margin=dict(l=10, r=10, t=60, b=40))
+    lines = title.count("<br>") + 1
+    fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10)),
+                      plot_bgcolor="white", height=max(260, 22 * len(layers) + 140),
+                      legend=dict(orientation="h", y=1, yref="paper", yanchor="bottom", x=1, xanchor="right"),
+                      margin=dict(l=10, r=10, t=10 + TITLE_LINE_PX * lines + LEGEND_PX, b=40))
     return fig
 
 

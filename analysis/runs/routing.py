@@ -221,8 +221,9 @@ def topk_coselection(trace: Trace, model: RouteScopeLM) -> pd.DataFrame:
 # keep their categorical colours.
 MANY_OPTIONS = 12
 # a top-k layer's option is dead below DEAD_FRACTION of the uniform share k/n, overloaded above
-# OVERLOAD_FACTOR times it (as the corpus view flags them: analysis.corpus.stats)
-DEAD_FRACTION, OVERLOAD_FACTOR = 0.01, 2.0
+# OVERLOAD_FACTOR times it (as the corpus view flags them: analysis.corpus.stats); a single run calls
+DEAD_FRACTION, OVERLOAD_FACTOR, DEAD_PER_OPTION = 0.01, 2.0, 5  # none dead under 5 selections per option:
+TOO_FEW_FOR_DEAD = "too few tokens to call an expert dead"  # 33 tokens x top-8 cannot reach 128 experts
 
 
 def many_options(model: RouteScopeLM) -> bool:
@@ -263,21 +264,22 @@ def load_balance(util: pd.DataFrame, k: dict[str, int] | None = None) -> pd.Data
     """Per layer of a utilisation frame (`topk_utilisation`: layer, option, count): how evenly its
     options are used. max_over_mean: the busiest option's count over the mean count (1 = even);
     cv: the counts' coefficient of variation (population std / mean); entropy: the entropy of the
-    count distribution over log(n) (1 = even, 0 = one option takes all); dead / overloaded: options
-    below DEAD_FRACTION / above OVERLOAD_FACTOR times the mean count (0 of a layer that routed nothing)."""
+    count distribution over log(n) (1 = even, 0 = one option takes all); dead / overloaded: options below
+    DEAD_FRACTION / above OVERLOAD_FACTOR times the mean (0 where none routed; dead <NA> under DEAD_PER_OPTION)."""
     rows = []
     for layer, g in util.groupby(C.LAYER, sort=False):
         c = g[C.COUNT].to_numpy(dtype=float)
         n, total = len(c), c.sum()
         mean = total / n if n else 0.0
-        p = c / total if total else np.zeros_like(c)
-        nz = p[p > 0]
+        nz = c[c > 0] / total if total else c[:0]
         entropy = float(-(nz * np.log(nz)).sum() / math.log(n)) if n > 1 and total else float("nan")
+        dead = (int((c < DEAD_FRACTION * mean).sum()) if total >= DEAD_PER_OPTION * n else pd.NA) if mean else 0
         rows.append((layer, n, int(g[C.N_TOKENS].iloc[0]) if C.N_TOKENS in g else int(total),
                      float(c.max() / mean) if mean else float("nan"), float(c.std() / mean) if mean else float("nan"),
-                     entropy, int((c < DEAD_FRACTION * mean).sum()) if mean else 0,
-                     int((c > OVERLOAD_FACTOR * mean).sum()) if mean else 0))
-    return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
+                     entropy, dead, int((c > OVERLOAD_FACTOR * mean).sum()) if mean else 0))
+    df = pd.DataFrame(rows, columns=BALANCE_COLUMNS).astype({"dead": "Int64"})
+    df.attrs["notes"] = [f"Load balance, dead left empty: {TOO_FEW_FOR_DEAD}."] if df["dead"].isna().any() else []
+    return df
 
 
 ENTROPY_COLUMNS = ["layer", "options", "tokens", "token_entropy", "token_entropy_norm", "mean_entropy_norm"]

@@ -2,9 +2,15 @@
 options, utilisation and co-selection."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import pandas as pd
+import plotly.graph_objects as go
+
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs.views import View
-from routescope.analysis.runs.routing import DEAD_FRACTION, MANY_OPTIONS, OVERLOAD_FACTOR, option_names
+from routescope.analysis.runs.routing import (DEAD_FRACTION, DEAD_PER_OPTION, MANY_OPTIONS, OVERLOAD_FACTOR,
+                                              TOO_FEW_FOR_DEAD, option_names)
 
 from routescope.rendering import bar_figures as BF
 from routescope.rendering import route_heatmaps as RH
@@ -33,10 +39,7 @@ def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
     with the heatmap's legend names ("expert 0 / block 0")."""
     u = view.frame
     if _many(ctx):  # thousands of bars would carry no meaning: a layer x option heatmap, flags marked
-        mean = u.groupby(C.LAYER)[C.COUNT].transform("mean")
-        flags = {"dead": u[C.COUNT] < DEAD_FRACTION * mean, "overloaded": u[C.COUNT] > OVERLOAD_FACTOR * mean}
-        return {name: RH.utilisation_heatmap(u, ctx.labels, "Utilisation in this run: share of tokens selecting each "
-                                            "option (✕ dead: unused, ▲ overloaded: > 2x the mean)", C.SHARE, flags)}
+        return {name: utilisation_heatmap(u, ctx.labels)}
     layers = [l for l in ctx.labels if u[C.LAYER].eq(l).any()]  # depth order: the model's routing layers
     layers += [l for l in dict.fromkeys(u[C.LAYER]) if l not in layers]
     names = option_names(dict(ctx.labels), [l for l in layers if l in ctx.labels])
@@ -47,6 +50,26 @@ def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
                          y_title="share of tokens", hover=C.LABEL, colors=colors, x_title="routing layer")
     fig.update_xaxes(categoryarray=layers)
     return {name: fig}
+
+
+def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str]) -> go.Figure:
+    """The layer x option heatmap of one run's `topk_utilisation` frame. ▲ overloaded: over
+    OVERLOAD_FACTOR times the layer's mean count; ✕ dead: under DEAD_FRACTION of it, called only in a
+    layer whose selections (tokens x k) number DEAD_PER_OPTION per option, enough to reach every one
+    (33 tokens x top-8 cannot reach 128 experts: most would read dead); where not, a line under the
+    title says so and those layers have no ✕."""
+    g = u.groupby(C.LAYER)[C.COUNT]
+    mean, picks, n = g.transform("mean"), g.transform("sum"), g.transform("size")
+    reached = picks >= DEAD_PER_OPTION * n
+    flags = {"dead": reached & (u[C.COUNT] < DEAD_FRACTION * mean), "overloaded": u[C.COUNT] > OVERLOAD_FACTOR * mean}
+    title = (f"Utilisation in this run: share of tokens selecting each option (▲ overloaded: > {OVERLOAD_FACTOR:g}x "
+             f"the mean" + (f"; ✕ dead: < {DEAD_FRACTION:.0%} of it)" if reached.any() else ")"))
+    if not reached.all():
+        where = "" if not reached.any() else f" in {u[~reached][C.LAYER].nunique()} of {u[C.LAYER].nunique()} layers"
+        title += (f"<br><span style='font-size:0.85em'>{TOO_FEW_FOR_DEAD.capitalize()}{where}: "
+                  f"{int(picks[~reached].min()):,} selections for {int(n[~reached].max())} options, "
+                  f"under {DEAD_PER_OPTION} per option (no ✕ there)</span>")
+    return RH.utilisation_heatmap(u, depth, title, C.SHARE, flags)
 
 
 def coselection(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:

@@ -91,8 +91,11 @@ def test_many_options_are_drawn_by_place_not_colour(many):
     util = pieces["topk_utilisation"]
     assert util.data[0].type == "heatmap" and np.asarray(util.data[0].z).shape == (3, 16)
     u = run.views["topk_utilisation"].frame
-    dead = u[u[C.COUNT] < 0.01 * u.groupby(C.LAYER)[C.COUNT].transform("mean")]
-    assert sorted(zip(util.data[1].y, util.data[1].x)) == sorted(zip(dead[C.LAYER], dead[C.OPTION].astype(str)))
+    g = u.groupby(C.LAYER)[C.COUNT]
+    reached = g.transform("sum") >= 5 * g.transform("size")  # enough selections to reach every option
+    dead = u[reached & (u[C.COUNT] < 0.01 * g.transform("mean"))]
+    marked = {t.name: sorted(zip(t.y, t.x)) for t in util.data[1:]}
+    assert marked.get("dead", []) == sorted(zip(dead[C.LAYER], dead[C.OPTION].astype(str)))
     co = pieces["topk_coselection"]
     assert co.groupby(C.LAYER).size().max() <= RT.COSELECTED_TOP and (co[C.COUNT] > 0).all()
     full = run.views["topk_coselection"].frame
@@ -108,3 +111,88 @@ def test_the_seed_families_keep_their_colours():
     pieces = D.run_pieces(run, model)
     assert "topk_routes" in pieces and pieces["topk_utilisation"].data[0].type == "bar"
     assert isinstance(pieces["topk_coselection"], pd.DataFrame)
+
+
+def _utilisation(n_tokens: int, n: int = 128, k: int = 8, layers: int = 3, seed: int = 0) -> pd.DataFrame:
+    """A run's `topk_utilisation` frame: n_tokens tokens each picking k distinct of n options, the
+    router skewed (Zipf-like) as trained routers are."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for l in range(layers):
+        p = 1.0 / np.arange(1, n + 1) ** 1.1
+        p = rng.permutation(p / p.sum())
+        picks = np.stack([rng.choice(n, size=k, replace=False, p=p) for _ in range(n_tokens)])
+        counts = np.bincount(picks.ravel(), minlength=n)
+        rows.append(pd.DataFrame({C.LAYER: f"model.layers.{l}.mlp.gate", C.OPTION: np.arange(n), C.COUNT: counts,
+                                  C.N_TOKENS: n_tokens, C.SHARE: counts / n_tokens}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def _drawn(u: pd.DataFrame):
+    from routescope.analysis.runs.views import FAMILY, View
+    from routescope.rendering.draw_context import DrawContext
+
+    labels = {l: [f"expert {o}" for o in range(g[C.OPTION].max() + 1)] for l, g in u.groupby(C.LAYER, sort=False)}
+    return RT.utilisation("topk_utilisation", View(u, FAMILY), DrawContext(["a"], None, labels))["topk_utilisation"]
+
+
+@pytest.mark.parametrize("n_tokens", [33, 100])
+def test_a_run_calls_experts_dead_only_where_its_selections_could_reach_every_one(n_tokens):
+    """33 tokens x top-8 = 264 selections cannot reach 128 experts (5 per option = 640 would): no ✕
+    and the chart and the balance table say why; 100 tokens (800 selections) mark the dead ones."""
+    u = _utilisation(n_tokens)
+    fig, bal = _drawn(u), R.load_balance(u).set_index("layer")
+    marks = {t.name: set(zip(t.y, t.x)) for t in fig.data[1:]}
+    enough = n_tokens * 8 >= 5 * 128
+    title = fig.layout.title.text.lower()
+    if not enough:
+        assert (u.groupby(C.LAYER)[C.COUNT].min() == 0).all()  # unused experts, which the old rule called dead
+        assert "dead" not in marks and "too few tokens to call an expert dead" in title
+        assert bal["dead"].isna().all() and any("too few tokens to call an expert dead" in n
+                                                for n in R.load_balance(u).attrs["notes"])
+    else:
+        assert "too few tokens" not in title and not R.load_balance(u).attrs.get("notes") and marks.get("dead")
+    for layer, g in u.groupby(C.LAYER):
+        mean = g[C.COUNT].mean()
+        dead = {(layer, str(o)) for o, c in zip(g[C.OPTION], g[C.COUNT]) if c < 0.01 * mean}
+        over = {(layer, str(o)) for o, c in zip(g[C.OPTION], g[C.COUNT]) if c > 2 * mean}
+        assert {m for m in marks.get("overloaded", set()) if m[0] == layer} == over
+        if enough:
+            assert {m for m in marks.get("dead", set()) if m[0] == layer} == dead
+            assert bal.loc[layer, "dead"] == len(dead)
+    per_layer = u.groupby(C.LAYER, sort=False)[C.COUNT]
+    assert list(bal["overloaded"]) == [sum(x > 2 * g.mean() for x in g) for _, g in per_layer]
+
+
+def test_the_utilisation_order_is_stated_and_each_cell_knows_its_rank_in_its_layer():
+    u = _utilisation(100, layers=2, seed=1)
+    heat = _drawn(u).data[0]
+    total = u.groupby(C.OPTION)[C.SHARE].sum()
+    assert [total[int(o)] for o in heat.x] == sorted(total, reverse=True)  # one order: summed over layers
+    assert "summed over all layers" in _drawn(u).layout.xaxis.title.text
+    for i, layer in enumerate(heat.y):
+        share = dict(zip(u[u[C.LAYER] == layer][C.OPTION], u[u[C.LAYER] == layer][C.SHARE]))
+        for j, o in enumerate(heat.x):  # rank 1 = busiest of its own layer (ties share the best rank)
+            assert heat.customdata[i][j] == 1 + sum(v > share[int(o)] for v in share.values())
+
+
+def _title_lines(fig) -> int:
+    return fig.layout.title.text.count("<br>") + 1
+
+
+@pytest.mark.parametrize("n_tokens", [33, 100])
+def test_the_flags_legend_sits_between_title_and_plot(n_tokens):
+    """The title hangs from the top of the figure; the legend stands on the plot's top edge; the top
+    margin holds both: each title line (17 px font, about 22 px a line) and a one-row legend (about
+    24 px) without overlap. Before, the title sat mid-margin where the legend reached up to it."""
+    from routescope.rendering.corpus_figures import utilisation_figure
+    from routescope.analysis.corpus import stats as S
+
+    u = _utilisation(n_tokens)
+    corpus = u.assign(**{S.SLOT_SHARE: u[C.SHARE] / 8, S.DEAD: u[C.COUNT] == 0, S.OVERLOADED: u[C.COUNT] > 20})
+    for fig in (_drawn(u), utilisation_figure(corpus)):
+        t, legend, m = fig.layout.title, fig.layout.legend, fig.layout.margin
+        assert (t.yref, t.y, t.yanchor) == ("container", 1, "top")
+        assert legend.orientation == "h" and legend.yanchor == "bottom" and legend.y >= 1
+        assert legend.yref in (None, "paper")
+        assert m.t >= (t.pad.t or 0) + 22 * _title_lines(fig) + 24
