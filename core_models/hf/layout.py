@@ -112,14 +112,17 @@ def moe_layout(hf_model: nn.Module) -> list[MoEBlock]:
             raise UnsupportedMoE(f"its experts ({experts[0]}, ...) have no router that transformers records "
                                  f"for {ROUTER_LOGITS}")
         return []
+    q = quirk(getattr(hf_model.config, "model_type", ""))
     routed_blocks = {n.rsplit(".", 1)[0] if "." in n else "" for n, _ in routers}
+    # blocks whose router its record names as static (a fixed table): they run as built, no routing layer
+    static = {n.rsplit(".", 1)[0] if "." in n else "" for n, m in named.items()
+              if type(m).__name__ in q.static_routers}
     orphans = [n for n in named if n.rsplit(".", 1)[-1] == "experts" and (n.rsplit(".", 1)[0] if "." in n else "")
-               not in routed_blocks and n not in routed_blocks and not isinstance(named[n], classes)]
+               not in routed_blocks | static and n not in routed_blocks and not isinstance(named[n], classes)]
     if orphans:
         parent = named[orphans[0].rsplit(".", 1)[0]] if "." in orphans[0] else hf_model
         raise UnsupportedMoE(f"its MoE block {type(parent).__name__} ({orphans[0]}) routes without a router that "
                              f"transformers records for {ROUTER_LOGITS}")
-    q = quirk(getattr(hf_model.config, "model_type", ""))
     if q.refused:
         raise UnsupportedMoE(q.refused)
     if q.call_order:  # within a decoder layer, the order its forward calls them

@@ -39,6 +39,8 @@ class Quirk:
     # routers sit in several and module order differs (JetMoE registers its MLP before its attention)
     option_nouns: tuple[tuple[str, str], ...] = ()  # (path segment, what a routing layer under it routes
     # to), where not MLP experts (JetMoE's attention experts)
+    static_routers: tuple[str, ...] = ()  # router classes that pick experts by a fixed table, not a choice
+    # transformers records: their blocks run as built and are no routing layers (DeepSeek-V4's hash layers)
     choice_bias: str | None = None  # the tensor (path from the MoE block) added to scores before selection
     top_k: str = "router.top_k"  # experts per token: "router.<attr>" or "config.<field>" (text config)
     expert_count: str | None = "num_experts"  # the (text) config field counting routed experts: lowered by pruning
@@ -156,6 +158,16 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
             unavailable=((PROBS, "its router takes the sigmoid of the top-k logits only (the others score 0): "
                                  "there is no probability over every expert"),))
       for t in ("llama4", "llama4_text")],
+    Quirk("deepseek_v4", "DeepSeek-V4: score_fn (sqrtsoftplus by default) of the router's logits, selection on "
+          "scores + e_score_correction_bias, shared experts; its first layers' hash routers pick experts by a "
+          "fixed token-id table (tid2eid) and are no routing layers; hyper-connections before the head",
+          scoring="score_fn (sqrtsoftplus by default)", choice_bias="gate.e_score_correction_bias",
+          expert_count="n_routed_experts", shared="shared_experts", static_routers=("DeepseekV4HashRouter",),
+          final_norm=None,
+          unavailable=((PROBS, "its scores are score_fn (sqrtsoftplus by default) of the logits, not probabilities "
+                               "over every expert"),
+                       ("resume", "its decoder layers carry hc_mult residual streams (hyper-connections), mixed by "
+                                  "hc_head before the final norm"))),
     # JetMoE: attention experts too; its gatings select inside and return their gates sorted by expert
     Quirk("jetmoe", "JetMoE: a mixture of attention heads (each attention's query and output projections are "
           "experts, routed by their own top-k gating) as well as of MLP experts; each gating's linear gives the "

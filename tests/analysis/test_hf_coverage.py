@@ -62,11 +62,19 @@ def experts_inputs(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
             w[out[0]] = out[2]
         got.append((idx, w.reshape(idx.shape)))
 
+    recorded = []  # the classes transformers records for output_router_logits
+    for m in model.modules():
+        rec = (getattr(type(m), "_can_record_outputs", None) or {}).get("router_logits")
+        recorded += [getattr(r, "target_class", r) for r in (rec if isinstance(rec, (list, tuple)) else [rec] if rec
+                                                               else [])]
+    recorded = tuple(c for c in recorded if isinstance(c, type))
     for name, mod in model.named_modules():
         router, experts = getattr(mod, "router", None), getattr(mod, "experts", None)
         if isinstance(router, torch.nn.Module) and not (isinstance(experts, torch.nn.Module) and takes(experts) >= 3):
             hs.append(router.register_forward_hook(from_router))
-        elif name.rsplit(".", 1)[-1] == "experts" and takes(mod) >= 3:
+        elif name.rsplit(".", 1)[-1] == "experts" and takes(mod) >= 3 and any(
+                isinstance(c, recorded) for c in model.get_submodule(name.rsplit(".", 1)[0]).children()):
+            # (an experts module beside no recorded router is picked by a fixed table: DeepSeek-V4's hash layers)
             hs.append(mod.register_forward_pre_hook(lambda m, a: got.append((a[1], a[2])) if len(a) >= 3 else None))
     try:
         with torch.no_grad():
