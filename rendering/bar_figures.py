@@ -15,6 +15,7 @@ from routescope.analysis.export import columns as C
 
 from routescope.rendering.style import (DIVIDER, DIVIDER_TEXT, HIGHLIGHT, MARGIN_T, NEUTRAL, PALETTE, TICK_FONT,
                                         TOKEN_WINDOW, format_prob, show_token, sign_colours, token_label)
+from routescope.rendering.numbers import effect_unit
 
 def bar_figure(labels: list[str], values: list[float], title: str, y_title: str = "",
                colors: list[str] | None = None) -> go.Figure:
@@ -138,17 +139,30 @@ def wrapped_token_bars(tokens: list[str], values: list[float], colors: list[str]
     return fig
 
 
-def path_effects_figure(names: list[str], values: list[float], title: str) -> go.Figure:
+def path_effects_figure(names: list[str], values: list[float], title: str,
+                        unit: tuple[float, str] | None = None) -> go.Figure:
     """Horizontal bars, largest |effect| on top, green where the option raises the log-prob and red
-    where it lowers it; tall enough that every option's label has its own line."""
+    where it lowers it; tall enough that every option's label has its own line. Values are drawn in
+    `unit` ((factor, name); default `effect_unit` of the values), which `path_effects_table` shares."""
+    factor, name = unit or effect_unit(values)
     order = sorted(range(len(values)), key=lambda i: -abs(values[i]))
     y = [names[i] for i in order][::-1]  # plotly draws the first category at the bottom
-    x = [values[i] for i in order][::-1]
+    x = [values[i] * factor for i in order][::-1]
     fig = go.Figure(go.Bar(x=x, y=y, orientation="h", marker_color=sign_colours(x),
-                           hovertemplate="%{y}: %{x:+.4f} nats<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="nats (green: raises the log-prob, red: lowers it)",
+                           hovertemplate=f"%{{y}}: %{{x:+.3g}} {name}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title=f"{name} (green: raises the log-prob, red: lowers it)",
                       height=90 + 24 * len(values), plot_bgcolor="white",
                       margin=dict(l=16 + 7 * max(map(len, names), default=0), r=20, t=40, b=50))
     fig.update_yaxes(automargin=False, tickfont=dict(size=12, color=HIGHLIGHT), type="category")
-    fig.update_xaxes(zeroline=True, zerolinecolor="#888", showgrid=True, gridcolor="#eee")
+    fig.update_xaxes(zeroline=True, zerolinecolor="#888", showgrid=True, gridcolor="#eee", exponentformat="none")
     return fig
+
+
+def path_effects_table(df: pd.DataFrame, names: list[str]) -> tuple[pd.DataFrame, str, tuple[float, str]]:
+    """A path attribution's rows (`analysis.runs.attribution`, largest |effect| first) for a table:
+    the option's name, its contribution in the unit that fits (`effect_unit`, the chart's), then the
+    other columns. Returns (table, the contribution column's name, (factor, unit))."""
+    unit = effect_unit(df[C.CONTRIBUTION])
+    column = f"{C.CONTRIBUTION} ({unit[1]})"
+    table = pd.DataFrame({"option name": names, column: df[C.CONTRIBUTION].to_numpy(dtype=float) * unit[0]})
+    return pd.concat([table, df.drop(columns=C.CONTRIBUTION).reset_index(drop=True)], axis=1), column, unit

@@ -22,6 +22,8 @@ TOP_TRANSITIONS = 20  # per pair of adjacent layers, with many options
 
 MAX_PANELS = 8  # label values or layer pairs drawn side by side; the table has every one
 
+BAR_HEADROOM = 1.2  # the share axis reaches past the tallest bar, room for a flag's text above it
+
 
 def _colour(o: int) -> str:
     return PALETTE[o % len(PALETTE)]
@@ -58,6 +60,7 @@ def utilisation_figure(u: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Bar(
             x=d[C.LAYER], y=d[S.SLOT_SHARE], name=f"{o}: {name}", marker_color=_colour(o),
             text=[{"dead": "✕ dead", "overloaded": "▲ over"}.get(f, "") for f in flag], textposition="outside",
+            cliponaxis=False,
             customdata=np.stack([d[C.LABEL], d[S.FIRST_SHARE], d[S.TOKEN_SHARE], d[S.TOKENS], flag], axis=-1),
             hovertemplate="%{x} · option " + str(o) + " (%{customdata[0]})<br>share of top-k slots %{y:.1%}"
                           "<br>first choices %{customdata[1]:.1%} · tokens picking it %{customdata[2]:.1%} "
@@ -67,7 +70,10 @@ def utilisation_figure(u: pd.DataFrame) -> go.Figure:
                              marker=dict(symbol="line-ew-open", size=40, color="#444", line=dict(width=2)),
                              hovertemplate="%{x}: uniform share %{y:.1%}<extra></extra>"))
     top = float(np.nanmax(u[S.SLOT_SHARE].to_numpy(dtype=float), initial=0.0))
-    fig.update_layout(barmode="group", height=340, yaxis_tickformat=".0%", yaxis_range=[0, min(1.0, top * 1.2 + 0.05)],
+    # headroom above the tallest bar for its "▲ over" (capped at 100% it was cut off near 100%); ticks stop at 100%
+    hi = top * BAR_HEADROOM + 0.05
+    fig.update_layout(barmode="group", height=340, yaxis_tickformat=".0%", yaxis_range=[0, hi],
+                      yaxis_tickvals=[v / 5 for v in range(6)] if hi > 1 else None,
                       title="Utilisation: each option's share of the routing slots per layer "
                             "(✕ dead: < 1% of uniform; ▲ overloaded: > 2x uniform)",
                       xaxis=dict(categoryorder="array", categoryarray=layers), margin=dict(l=60, r=10, t=50, b=10),

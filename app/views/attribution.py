@@ -13,7 +13,8 @@ from routescope.analysis.runs.session import Run, decode_tokens
 from routescope.app import resources
 from routescope.app import state as K
 from routescope.rendering.style import TOKEN_WINDOW, show_token
-from routescope.rendering.bar_figures import attribution_figure, path_effects_figure
+from routescope.rendering.bar_figures import attribution_figure, path_effects_figure, path_effects_table
+from routescope.rendering.numbers import convergence_verdict, significant
 from routescope.app.views.export import figure_html
 
 METHODS = {"integrated gradients (input tokens)": "ig", "exact ablation (paths)": "ablation",
@@ -34,16 +35,19 @@ def _integrated_gradients(path: str, mtime: float, key: tuple, shown: list[str],
     st.caption(f"Every input token, {len(toks)} in rows of {TOKEN_WINDOW} (green raises log p, red lowers it). log p = "
                f"{res.target_log_prob:.4f}; baseline ({res.baseline} embeddings) {res.baseline_log_prob:.4f}; the "
                f"attributions should add up to the difference, {res.total:+.4f} nats. Convergence delta "
-               f"{res.convergence_delta:+.4f} ({delta_share(res.convergence_delta, res.total):.1%} of it) at "
-               f"{res.n_steps} steps.")
+               f"{significant(res.convergence_delta, 3)} nats at {res.n_steps} steps; "
+               f"{convergence_verdict(res.convergence_delta, res.total)}.")
     said = judge_convergence(deltas, res.total)
     if said:
         st.warning(said)
-    if len(deltas) > 1 or said:
-        st.dataframe(pd.DataFrame({"steps": list(deltas), "convergence delta (nats)": list(deltas.values()),
-                                   "share of the total": [f"{delta_share(d, res.total):.1%}" for d in deltas.values()]})
+    if len(deltas) > 1 or said:  # each delta in significant digits, with its verdict ("0.0%" said nothing)
+        d = list(deltas.values())
+        st.dataframe(pd.DataFrame({"steps": list(deltas), "convergence delta (nats)": d,
+                                   "share of the total": [significant(delta_share(x, res.total)) for x in d],
+                                   "verdict": [convergence_verdict(x, res.total).split(":")[0] for x in d]})
                      .sort_values("steps"), key="ig_deltas", hide_index=True,
-                     column_config={"steps": st.column_config.NumberColumn(help="captum's n_steps")})
+                     column_config={"steps": st.column_config.NumberColumn(help="captum's n_steps"),
+                                    "convergence delta (nats)": st.column_config.NumberColumn(format="%.3g")})
     st.download_button("This chart (HTML, works offline)", lambda: figure_html(fig), "integrated_gradients.html",
                        "text/html", key="dl_ig_chart", on_click="ignore")
 
@@ -70,11 +74,11 @@ def _paths(model, path: str, mtime: float, key: tuple, method: str) -> None:
     shown = min(len(df), TOP_PATHS)
     title = (f"Contribution to log p ({method}), largest |effect| on top"
              + (f": the top {shown} of {len(df):,} options (the table has every one)" if len(df) > shown else ""))
-    st.plotly_chart(path_effects_figure(names[:shown], list(df[C.CONTRIBUTION])[:shown], title),
+    table, column, unit = path_effects_table(df, names)  # one unit, the chart's and the table's
+    st.plotly_chart(path_effects_figure(names[:shown], list(df[C.CONTRIBUTION])[:shown], title, unit=unit),
                     key="path_attr_chart", width="stretch")
-    table = df.assign(**{"option name": names})
-    st.dataframe(table[["option name", C.CONTRIBUTION, *[c for c in df.columns if c != C.CONTRIBUTION]]],
-                 key="path_attr_table", width="stretch", hide_index=True)
+    st.dataframe(table, key="path_attr_table", width="stretch", hide_index=True,  # 3 significant digits
+                 column_config={column: st.column_config.NumberColumn(format="%.3g")})
 
 
 def show(run: Run, model, tokenizer, path: str, mtime: float) -> None:

@@ -394,3 +394,37 @@ def test_the_prompt_divider_is_explained():
     at = view(fresh(), "Routing")
     ok(at)
     assert any("the prompt ends there" in c.value for c in at.caption)
+
+
+def test_attribution_path_table_and_chart_share_a_unit_that_fits():
+    """The exact-ablation table read ±0.0001 nats on every row (4 decimals) under a chart in micro-nats:
+    both now in one unit, the largest |effect| at least 1 of it, the chart's bars the table's rows."""
+    at = view(pick(fresh(), "moep"), "Attribution")
+    at.radio(key=K.ATTR_METHOD).set_value("exact ablation (paths)").run()
+    at.button(key="attr_go").click().run()
+    ok(at)
+    table = next(d.value for d in at.dataframe if "option name" in d.value.columns)
+    column = table.columns[1]
+    unit = re.fullmatch(r"contribution \((\S+)\)", column)[1]
+    top = table[column].abs().max()
+    assert 1 <= top < 1000 or (unit == "nats" and top >= 1)
+    chart = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                 if json.loads(c.proto.spec)["data"][0].get("orientation") == "h")
+    assert chart["layout"]["xaxis"]["title"]["text"].startswith(f"{unit} ")
+    bars = dict(zip(chart["data"][0]["y"], chart["data"][0]["x"]))
+    for name, value in zip(table["option name"], table[column]):
+        if name in bars:
+            assert bars[name] == pytest.approx(value, rel=1e-9)
+
+
+def test_attribution_ig_delta_reads_in_significant_digits_with_a_verdict():
+    at = view(pick(fresh(), "llama-dense"), "Attribution")
+    at.button(key="attr_go").click().run()
+    ok(at)
+    said = next(c.value for c in at.caption if "Convergence delta" in c.value)
+    delta = float(re.search(r"Convergence delta (\S+) nats", said)[1])
+    total = float(re.search(r"the difference, ([-+]\d+\.\d+) nats", said)[1])
+    verdict = re.search(r"; (converged|not converged): \|delta\| = (\S+) of the attribution total", said)
+    assert verdict and "0.0%" not in said
+    assert float(verdict[2]) == pytest.approx(abs(delta) / abs(total), rel=0.05)
+    assert (verdict[1] == "converged") == (abs(delta) <= 0.05 * abs(total))

@@ -250,3 +250,83 @@ def test_offline_pages_carry_plotlys_cartesian_bundle_of_the_version_plotly_draw
 
     page = P.figure_page(go.Figure(go.Heatmap(z=[[0, 1]])), "t<i>")
     assert page.count(js[:300]) == 1 and "<title>t&lt;i&gt;</title>" in page
+
+
+def _micro_effects(scale: float, n: int = 12, seed: int = 0):
+    import pandas as pd
+
+    from routescope.analysis.export import columns as C
+
+    rng = np.random.default_rng(seed)
+    v = rng.normal(0, scale, n)
+    v = v[np.argsort(-np.abs(v), kind="stable")]  # by_size: largest |effect| first
+    return pd.DataFrame({C.LAYER: "blocks.0", C.OPTION: range(n), C.METHOD: "ablation", C.CONTRIBUTION: v,
+                         C.FULL_LOG_PROB: -2.0, C.REFERENCE_LOG_PROB: -2.0 - v}), [f"blocks.0 · e{i}" for i in range(n)]
+
+
+@pytest.mark.parametrize("scale", [3e-6, 4e-4, 0.2, 3.0, 2e-10])
+def test_path_effects_chart_and_table_share_a_unit_that_fits(scale):
+    """Chart and table in one unit, the largest |effect| between 1 and 1000 of it (micro-nats read
+    ±0.0001 on every row of a 4-decimal table of nats)."""
+    from routescope.analysis.export import columns as C
+    from routescope.rendering.bar_figures import path_effects_figure, path_effects_table
+
+    df, names = _micro_effects(scale)
+    table, column, (factor, unit) = path_effects_table(df, names)
+    top = df[C.CONTRIBUTION].abs().max()
+    want = 1.0 if top >= 1 else next((f for f in (1e3, 1e6, 1e9) if top * f >= 1), 1e9)  # the next 1000x up
+    assert factor == want and column == f"{C.CONTRIBUTION} ({unit})" and list(table.columns[:2]) == ["option name",
+                                                                                                      column]
+    np.testing.assert_allclose(table[column], df[C.CONTRIBUTION] * factor, rtol=1e-12)
+    assert (1 <= table[column].abs().max() < 1000) or factor in (1.0, 1e9)
+    assert len({f"{v:.3g}" for v in table[column]}) == len(table)  # 3 significant digits tell every row apart
+    fig = path_effects_figure(names[:5], list(df[C.CONTRIBUTION])[:5], "t", unit=(factor, unit))
+    assert fig.layout.xaxis.title.text.startswith(f"{unit} ")
+    np.testing.assert_allclose(sorted(fig.data[0].x), sorted(table[column][:5]), rtol=1e-12)
+    assert f"{unit}<extra>" in fig.data[0].hovertemplate
+    assert path_effects_figure(names[:5], list(df[C.CONTRIBUTION])[:5], "t").layout.xaxis.title.text == \
+        fig.layout.xaxis.title.text  # the unit of the values themselves
+
+
+@pytest.mark.parametrize("delta,total", [(3.1e-6, 1.0), (-2.4e-8, 0.37), (0.004, -0.2), (0.3, 1.2), (-0.5, 0.4),
+                                         (1e-3, 0.0)])
+def test_a_convergence_delta_reads_in_significant_digits_with_a_verdict(delta, total):
+    import re
+
+    from routescope.rendering.numbers import convergence_verdict
+
+    said = convergence_verdict(delta, total)
+    share = abs(delta) / abs(total) if total else float("inf")
+    assert said.startswith("converged: " if share <= 0.05 else "not converged: ")
+    assert "0.0%" not in said and " 0 of" not in said
+    if total:
+        shown = float(re.search(r"\|delta\| = (\S+) of the attribution total", said)[1])
+        assert shown == pytest.approx(share, rel=0.05)  # two significant digits
+
+
+@pytest.mark.parametrize("top", [0.97, 1.0, 0.55])
+def test_a_flag_over_a_bar_near_100_percent_is_not_cut_off(top):
+    """The corpus utilisation bars carry "▲ over" above the bar: the share axis leaves room for one
+    line of text (about 16 px of the 280 px plot) over the tallest bar, the text is not clipped to
+    the axes, and the ticks stop at 100%."""
+    import pandas as pd
+
+    from routescope.analysis.corpus import stats as S
+    from routescope.analysis.export import columns as C
+    from routescope.rendering.corpus_figures import utilisation_figure
+
+    share = np.array([top, 1 - top, 0.6, 0.4])
+    u = pd.DataFrame({C.LAYER: ["l0", "l0", "l1", "l1"], C.OPTION: [0, 1, 0, 1], C.LABEL: ["p0", "p1", "p0", "p1"],
+                      S.SLOT_SHARE: share, S.FIRST_SHARE: share, S.TOKEN_SHARE: share, S.TOKENS: 100,
+                      S.UNIFORM: 0.5, S.DEAD: share < 0.005, S.OVERLOADED: share > 0.9})
+    fig = utilisation_figure(u)
+    lo, hi = fig.layout.yaxis.range
+    plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert any(t for b in bars for t in b.text) == (top > 0.9)
+    for b in bars:
+        assert b.cliponaxis is False
+        for y, text in zip(b.y, b.text):
+            if text:
+                assert hi - y >= 16 / plot_px * (hi - lo), (y, hi)
+    assert max(fig.layout.yaxis.tickvals or [0]) <= 1

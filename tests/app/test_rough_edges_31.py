@@ -211,7 +211,7 @@ def test_ig_offers_step_counts_and_records_the_delta_at_each():
     at.button(key="attr_go").click().run()
     ok(at)
     said = " ".join(c.value for c in at.caption)
-    delta = float(re.search(r"Convergence delta ([-+]\d+\.\d+)", said)[1])
+    delta = float(re.search(r"Convergence delta (\S+) nats", said)[1])
     total = float(re.search(r"the difference, ([-+]\d+\.\d+) nats", said)[1])
     if abs(delta) > DELTA_SHARE * abs(total):  # moep's hard routes: measured large here
         assert any("convergence delta" in w.value for w in at.warning)
@@ -219,7 +219,7 @@ def test_ig_offers_step_counts_and_records_the_delta_at_each():
     ok(at)
     deltas = next(d.value for d in at.dataframe if "convergence delta (nats)" in d.value.columns)
     assert list(deltas["steps"]) == [64, 128] and deltas["convergence delta (nats)"].iloc[0] == pytest.approx(delta,
-                                                                                                           abs=1e-4)
+                                                                                                           rel=5e-3)
 
 
 def test_exact_ablation_table_is_sorted_by_size():
@@ -227,10 +227,10 @@ def test_exact_ablation_table_is_sorted_by_size():
     at.radio(key=K.ATTR_METHOD).set_value("exact ablation (paths)").run()
     at.button(key="attr_go").click().run()
     ok(at)
-    df = next(d.value for d in at.dataframe if C.CONTRIBUTION in d.value.columns)
-    sizes = df[C.CONTRIBUTION].abs().tolist()
-    assert sizes == sorted(sizes, reverse=True) and len(df) > 1 and list(df.columns[:2]) == ["option name",
-                                                                                             C.CONTRIBUTION]
+    df = next(d.value for d in at.dataframe if "option name" in d.value.columns)
+    column = df.columns[1]  # the contribution in the unit that fits it: "contribution (µnats)"
+    sizes = df[column].abs().tolist()
+    assert sizes == sorted(sizes, reverse=True) and len(df) > 1 and column.startswith(f"{C.CONTRIBUTION} (")
 
 
 def test_steps_table_shows_small_probabilities_with_their_digits():
