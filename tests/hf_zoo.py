@@ -50,7 +50,9 @@ OVERRIDES: dict[str, dict] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "zaya": {"num_experts_per_tok": 1},  # its validation accepts top-1 only
     "longcat_flash": {"zero_expert_num": 2},  # identity experts beside the 8 real ones (256 by default)
-    "doge": {"is_moe": True},  # dense by default; the MoE variant is what this zoo is for
+    # dense by default; the MoE variant is what this zoo is for, with a square expert count (product keys:
+    # num_keys = floor(sqrt(num_experts)) per half, num_keys^2 experts chosen among)
+    "doge": {"is_moe": True, "num_experts": 16},
     "gemma4_text": {"enable_moe_block": True},
     "gemma4": {"enable_moe_block": True},
     # its attention reads attn_config.rope_theta, which DbrxAttentionConfig does not default, and clamps by

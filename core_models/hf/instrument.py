@@ -27,6 +27,7 @@ _NONE: frozenset[int] = frozenset()
 _NORMALISERS = {F.softmax, torch.softmax, torch.Tensor.softmax, F.sigmoid, torch.sigmoid, torch.Tensor.sigmoid}
 _ADD = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
 _TOPK = {torch.topk, torch.Tensor.topk}
+_GATHER = {torch.gather, torch.Tensor.gather}
 
 
 # the torch ops a record may name as the one whose first result inside the router is the logits
@@ -47,8 +48,13 @@ class _InsideRouter(TorchFunctionMode):
 
     def __init__(self, dropped: frozenset[int], want_probs: bool, bias: torch.Tensor | None, mask: float,
                  row_mask: torch.Tensor | None = None, logits_ops: tuple[str, ...] = ("linear",),
-                 want_choice: bool = False, logits_weight: torch.Tensor | None = None) -> None:
+                 want_choice: bool = False, logits_weight: torch.Tensor | None = None,
+                 choice_width: int | None = None) -> None:
         super().__init__()
+        # a router choosing among `choice_width` experts by scores whose expert ids it computes (Doge): the
+        # dropped experts' scores -inf as its top-k over them takes them; the expert ids of that choice
+        # (its first integer gather after) and its weights (its first softmax after) are the routes
+        self.choice_width, self.ids, self.chose, self.weights = choice_width, None, False, None
         self.logits_weight = logits_weight  # the logits are the op's result on this weight (else its first)
         self.want_choice, self.chosen = want_choice, None  # chosen: [tokens, k] the router's top-k indices
         self.dropped, self.want_probs, self.bias, self.mask = sorted(dropped), want_probs, bias, mask
@@ -63,7 +69,37 @@ class _InsideRouter(TorchFunctionMode):
         rows = self.row_mask.to(out.device)  # the router sees [batch * pos, n]: rows are contiguous
         return out.reshape(rows.shape[0], -1, out.shape[-1]).masked_fill(rows[:, None, :], value).reshape(out.shape)
 
+    def _at_choice(self, func, args, kwargs):
+        n, x = self.choice_width, args[0] if args else None
+        if not self.chose and func in _TOPK and isinstance(x, torch.Tensor) and x.is_floating_point() and \
+                x.shape[-1] == n:
+            if self.dropped:
+                if self.ids is None:
+                    raise ValueError("its router chose among every expert before any expert ids were computed")
+                args = (x.masked_fill(self._dropped_at(self.ids), float("-inf")), *args[1:])
+            self.chose = True
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if not self.chose:
+            if isinstance(out, torch.Tensor) and not out.is_floating_point() and out.dim() and out.shape[-1] == n:
+                self.ids = out
+        elif self.chosen is None and func in _GATHER and not out.is_floating_point():
+            self.chosen = out
+        elif self.chosen is not None and self.weights is None and func in _NORMALISERS:
+            self.weights = out
+        return out
+
+    def _dropped_at(self, ids: torch.Tensor) -> torch.Tensor:
+        """[..., n] True where the expert `ids` [..., n] names is dropped (by its row, where rows differ)."""
+        if self.row_mask is None:
+            return torch.isin(ids, torch.tensor(self.dropped, device=ids.device))
+        rows = self.row_mask.to(ids.device)
+        per = ids.reshape(rows.shape[0], -1, ids.shape[-1])
+        return rows[:, None, :].expand(-1, per.shape[1], -1).gather(-1, per).reshape(ids.shape)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.choice_width is not None:
+            return self._at_choice(func, args, kwargs or {})
         out = func(*args, **(kwargs or {}))
         if self.logits is None:
             if func in self.logits_ops and (self.logits_weight is None or any(

@@ -35,6 +35,8 @@ class MoEBlock:
     shared_gate: str | None = None  # its gate linear
     routes_at_router: bool = False  # the routes are the router's own top-k and its output (`Quirk.routes`)
     logits_weight: str | None = None  # the weight whose op gives the logits, where not the router's first op
+    choice_width: int | None = None  # where the record masks at the router's choice among every expert
+    # (`Quirk.expert_attr`): that many experts
 
 
 def _recorders(hf_model: nn.Module) -> list[tuple[type, int]]:
@@ -154,12 +156,15 @@ def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q
     params = [p for p in inspect.signature(type(experts).forward).parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:] if experts is not None else []
     if q.routes == "router":  # the routes are the router's own top-k and its output (scores, or sorted gates)
-        if SCORES not in q.output and not {SLOTS, GATES} <= set(q.output):
+        if SCORES not in q.output and not {SLOTS, GATES} <= set(q.output) and not q.expert_attr:
             raise UnsupportedMoE(f"its record reads routes at the router but names no weights in its output ({q.why})")
     elif len(params) < 3:
         raise UnsupportedMoE(f"{where} calls {type(experts).__name__}({', '.join(p.name for p in params)}) without "
                              f"the top-k indices and weights (RouteScope reads routes at {call})")
-    n = _n_experts(router, at, q.logits_weight)
+    n = getattr(router, q.expert_attr, None) if q.expert_attr else _n_experts(router, at, q.logits_weight)
+    if not isinstance(n, int) or n <= 0:
+        raise UnsupportedMoE(f"its router {type(router).__name__} has no expert count `{q.expert_attr}`, which its "
+                             f"record names ({q.why})")
     for child in (q.shared, q.shared_gate):
         if child is not None and not isinstance(getattr(block, child, None), nn.Module):
             raise UnsupportedMoE(f"{where} has no `{child}`, which its record names ({q.why})")
@@ -171,7 +176,7 @@ def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q
                                  f"its record names ({q.why})")
         bias = f"{parent}.{q.choice_bias}" if parent else q.choice_bias
     logits = q.output.index(LOGITS) if LOGITS in q.output else None
-    if logits is not None and logits != at:
+    if logits is not None and logits != at and not q.reason(LOGITS):
         raise UnsupportedMoE(f"its router {type(router).__name__} gives transformers' router_logits at output {at}, "
                              f"its record at {logits} ({', '.join(q.output)})")
     return MoEBlock(router=name, experts=f"{parent}.{q.experts}" if experts is not None else None,
@@ -180,6 +185,7 @@ def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q
                     probs_index=q.output.index(PROBS) if PROBS in q.output else None, choice_bias=bias,
                     routes_at_router=q.routes == "router",
                     logits_weight=f"{name}.{q.logits_weight}" if q.logits_weight else None,
+                    choice_width=n if q.expert_attr else None,
                     shared=f"{parent}.{q.shared}" if q.shared else None,
                     shared_gate=f"{parent}.{q.shared_gate}" if q.shared_gate else None)
 

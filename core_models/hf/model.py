@@ -117,7 +117,8 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
         block = layer.block
         want_probs = tr is not None and block.probs_index is None and PROBS not in layer.unavailable \
             and tr.wants(layer.roles[PROBS])
-        want_logits = tr is not None and block.logits_index is None and tr.wants(layer.roles[LOGITS])
+        want_logits = tr is not None and block.logits_index is None and LOGITS not in layer.unavailable \
+            and tr.wants(layer.roles[LOGITS])
         cap = _CAPTURE.get() if block.routes_at_router else None
         want_choice = block.routes_at_router and (cap is not None or tr is not None and (
             tr.wants(layer.roles[INDICES]) or tr.wants(layer.roles[WEIGHTS])))
@@ -125,17 +126,18 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
         if dropped or want_probs or want_logits or want_choice:
             bias = _resolve(self.hf, block.choice_bias) if dropped and block.choice_bias else None
             mode = _InsideRouter(dropped, want_probs, bias, self.quirk.logit_mask, row_mask, self.quirk.logits_ops,
-                                 want_choice, _resolve(self.hf, block.logits_weight) if block.logits_weight else None)
+                                 want_choice, _resolve(self.hf, block.logits_weight) if block.logits_weight else None,
+                                 block.choice_width)
             with mode:
                 output = inner(*args, **kwargs)
         else:
             output = inner(*args, **kwargs)
         if want_choice:  # the block's routes: the router's top-k, weighted by its scores there
-            if mode.chosen is None:
+            if mode.chosen is None or block.choice_width is not None and mode.weights is None:
                 raise ValueError(f"{self.config.model_type}: {name} made no top-k; its record reads the routes at "
                                  "its router's torch.topk")
             idx = mode.chosen
-            w = router_weights(block, output, idx)
+            w = mode.weights if block.choice_width is not None else router_weights(block, output, idx)
             if cap is not None:
                 cap.experts[name] = (args[0] if args else kwargs["hidden_states"], idx, w)
             if tr is not None:

@@ -39,6 +39,9 @@ class Quirk:
     # routers sit in several and module order differs (JetMoE registers its MLP before its attention)
     option_nouns: tuple[tuple[str, str], ...] = ()  # (path segment, what a routing layer under it routes
     # to), where not MLP experts (JetMoE's attention experts)
+    expert_attr: str | None = None  # the router's attribute counting its experts, where its logits are not
+    # one per expert; the record then masks a dropped expert where the router's top-k chooses among every
+    # expert (the scores it takes, by the expert ids of the last integer tensor of that width: Doge)
     static_routers: tuple[str, ...] = ()  # router classes that pick experts by a fixed table, not a choice
     # transformers records: their blocks run as built and are no routing layers (DeepSeek-V4's hash layers)
     choice_bias: str | None = None  # the tensor (path from the MoE block) added to scores before selection
@@ -168,6 +171,16 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
                                "over every expert"),
                        ("resume", "its decoder layers carry hc_mult residual streams (hyper-connections), mixed by "
                                   "hc_head before the final norm"))),
+    Quirk("doge", "Doge (cross-domain MoE): the MoE block is its own router; router_gate gives product-key "
+          "logits [2, tokens, num_keys], a top-k over each half and over their sums picks among num_keys^2 experts "
+          "(rows of down_embed / up_embed, used inline), softmax over the chosen; a shared MLP inline",
+          output=("output", "product-key logits"), scoring="product keys, softmax over the top-k", routes="router",
+          experts=None, expert_attr="num_experts", expert_count=None,
+          unavailable=((LOGITS, "its router gives product-key logits (two halves of num_keys each, mixed across "
+                                "tokens by a view), not one logit per expert"),
+                       (PROBS, "its softmax is over the chosen experts' scores only"),
+                       ("prune", "its experts are indexed by product keys (num_keys^2 of them)"),
+                       ("expert_outputs", "its experts are rows of down_embed / up_embed that the block uses inline"))),
     # JetMoE: attention experts too; its gatings select inside and return their gates sorted by expert
     Quirk("jetmoe", "JetMoE: a mixture of attention heads (each attention's query and output projections are "
           "experts, routed by their own top-k gating) as well as of MLP experts; each gating's linear gives the "

@@ -41,14 +41,46 @@ TYPES = moe_types()
 GOAL = 56
 
 
-def experts_inputs(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def product_key_routes(block, logits: torch.Tensor, dropped=()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Doge's routes by hand, from its product-key logits [2, tokens, num_keys]: the top num_keys of
+    each half, their sums over every pair (expert id x * num_keys + y), the dropped experts' sums
+    -inf, the top-k of those, a softmax over the chosen (renormalised where norm_topk_prob)."""
+    k = block.num_keys
+    (sx, sy), (ix, iy) = logits.topk(k, dim=-1)
+    scores = (sx.unsqueeze(-1) + sy.unsqueeze(-2)).flatten(-2)
+    ids = (ix.unsqueeze(-1) * k + iy.unsqueeze(-2)).flatten(-2)
+    scores = scores.masked_fill(torch.isin(ids, torch.tensor(list(dropped), dtype=ids.dtype)), float("-inf"))
+    top, pos = scores.topk(block.top_k, dim=-1)
+    w = top.softmax(-1)
+    return ids.gather(-1, pos), w / w.sum(-1, keepdim=True) if block.norm_topk_prob else w
+
+
+def product_key_block(block, x: torch.Tensor, dropped) -> tuple[torch.Tensor, torch.Tensor]:
+    """Doge's MoE block by hand without the `dropped` experts: its routed experts (rows of down_embed
+    and up_embed) on the routes above, plus its shared MLP; and its product-key logits."""
+    b, t, _ = x.shape
+    logits = block.router_gate(x).view(2, b * t, -1)
+    idx, w = product_key_routes(block, logits, dropped)
+    h = block.act_fn(torch.matmul(block.down_embed(idx), x.view(b * t, -1, 1)).view(b * t, -1)) * w
+    routed = torch.matmul(h.view(b * t, 1, -1), block.up_embed(idx)).view(b, t, -1)
+    return block.down_proj(block.act_fn(block.gate_proj(x)) * block.up_proj(x)) + routed, logits
+
+
+def experts_inputs(model, ids, dropped: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(top_k_index, top_k_weights) each MoE block passes its experts, in call order, on a plain forward.
     A block whose experts do not take them routes as its `router` says: Llama-4's returns (scores,
     logits), scores 0 off the top-k (its experts take tokens pre-scaled by them); JetMoE's gatings (its
     MLP and its attention experts) return (slots sorted by expert, token of each slot, their gates,
     tokens per expert, logits), gates a softmax over the top-k logits. Either routes to the top-k of
-    the router's logits, weighted by the scores there or by the gates put back in token order."""
+    the router's logits, weighted by the scores there or by the gates put back in token order. Doge's
+    block (its own router, experts used inline) routes as `product_key_routes` says, without the experts
+    `dropped` names (routing layer -> experts; what `masked` drops)."""
     got, hs = [], []
+
+    def product_keys(name):
+        def hook(block, args, out):
+            got.append(product_key_routes(block, out[1], (dropped or {}).get(name, ())))
+        return hook
 
     def takes(m) -> int:
         return len(inspect.signature(type(m).forward).parameters) - 1
@@ -70,7 +102,9 @@ def experts_inputs(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
     recorded = tuple(c for c in recorded if isinstance(c, type))
     for name, mod in model.named_modules():
         router, experts = getattr(mod, "router", None), getattr(mod, "experts", None)
-        if isinstance(router, torch.nn.Module) and not (isinstance(experts, torch.nn.Module) and takes(experts) >= 3):
+        if isinstance(getattr(mod, "down_embed", None), torch.nn.Embedding):  # Doge's product-key block
+            hs.append(mod.register_forward_hook(product_keys(name)))
+        elif isinstance(router, torch.nn.Module) and not (isinstance(experts, torch.nn.Module) and takes(experts) >= 3):
             hs.append(router.register_forward_hook(from_router))
         elif name.rsplit(".", 1)[-1] == "experts" and takes(mod) >= 3 and any(
                 isinstance(c, recorded) for c in model.get_submodule(name.rsplit(".", 1)[0]).children()):
@@ -114,6 +148,8 @@ def masked(model, dropped: dict[str, list[int]], n_experts: dict[str, int], valu
     for name in dropped:
         r = model.get_submodule(name)
         hs += [r.register_forward_pre_hook(enter(name)), r.register_forward_hook(leave)]
+        if isinstance(getattr(r, "down_embed", None), torch.nn.Embedding):  # Doge: its block, by hand
+            hs.append(r.register_forward_hook(lambda m, a, o, d=dropped[name]: product_key_block(m, a[0], d)))
         # a selection bias: one entry per expert, the router's own or one its block passes it (HY-V3,
         # MiniMax-M2, AFMoE, LFM2-MoE keep theirs on the block, beside the router)
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
@@ -226,7 +262,8 @@ def verified(model_type: str, row: dict) -> str:
     for layer, (idx, w) in zip(layers, want):
         assert torch.equal(tr[model.routing_modules[layer].roles["indices"]].reshape(idx.shape), idx)
         assert torch.equal(tr[model.routing_modules[layer].roles["weights"]].reshape(w.shape), w)
-        assert tr[model.routing_modules[layer].roles["logits"]].shape[-1] == model.routing_modules[layer].n_experts
+        if "logits" not in model.routing_modules[layer].unavailable:  # Doge: product-key logits, its record says
+            assert tr[model.routing_modules[layer].roles["logits"]].shape[-1] == model.routing_modules[layer].n_experts
 
     # drop each end layer's most used expert; force the second most used at the first layer
     first, last = layers[0], layers[-1]
@@ -250,7 +287,7 @@ def verified(model_type: str, row: dict) -> str:
         ref = copy.deepcopy(plain)
         value = LOGIT_MASK.get(model_type, float("-inf"))  # a type whose router cannot take -inf names its value
         with masked(ref, dropped, {l: model.routing_modules[l].n_experts for l in dropped}, value):
-            ref_in, ref_out = experts_inputs(ref, IDS)
+            ref_in, ref_out = experts_inputs(ref, IDS, dropped)
         assert_close_to_scale(got.logits, ref_out, FORWARD_EPS)  # same ops, same order: equal up to rounding
         for layer, (idx, _w) in zip(layers, ref_in):
             rec = tr[model.routing_modules[layer].roles["indices"]].reshape(idx.shape)
