@@ -267,12 +267,12 @@ LEGEND_PX, TITLE_LINE_PX = 28, 24  # a one-row horizontal legend; a title line a
 
 
 def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str], title: str, value: str,
-                        flags: dict[str, np.ndarray]) -> go.Figure:
+                        flags: dict[str, np.ndarray], note: str = "") -> go.Figure:
     """Layers x options, colour = `value` (a share). One column order for every layer: the options by
     their `value` summed over all layers, busiest left (the axis title says so; hover gives each cell's
     rank within its own layer). Each flag (name -> boolean per row of `u`: dead ✕, overloaded ▲) marks
-    its cells; a flag with no cell has no legend entry. The title (lines split by <br>) sits at the top,
-    the flags' legend between it and the plot."""
+    its cells; a flag with no cell has no legend entry. The title (and `note`, a line under it) sits at
+    the top, the flags' legend between it and the plot."""
     layers = _layers(u, depth)
     load = u.groupby(C.OPTION)[value].sum().sort_values(ascending=False, kind="stable")
     order = list(load.index)
@@ -299,9 +299,10 @@ def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str], title: str, value
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=x, tickfont=dict(size=9), showgrid=False,
                      title="option, by its share summed over all layers (busiest left, one order for every layer)")
     fig.update_yaxes(autorange="reversed", fixedrange=True)
-    lines = title.count("<br>") + 1
-    fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10)),
-                      plot_bgcolor="white", height=max(260, 22 * len(layers) + 140),
+    lines = 1 + bool(note)
+    fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10),
+                                 subtitle=dict(text=note, font=dict(size=13))),
+                      plot_bgcolor="white", height=max(260, 22 * len(layers) + 140), showlegend=True,
                       legend=dict(orientation="h", y=1, yref="paper", yanchor="bottom", x=1, xanchor="right"),
                       margin=dict(l=10, r=10, t=10 + TITLE_LINE_PX * lines + LEGEND_PX, b=40))
     return fig

@@ -56,20 +56,20 @@ def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str]) -> go.Figure:
     """The layer x option heatmap of one run's `topk_utilisation` frame. ▲ overloaded: over
     OVERLOAD_FACTOR times the layer's mean count; ✕ dead: under DEAD_FRACTION of it, called only in a
     layer whose selections (tokens x k) number DEAD_PER_OPTION per option, enough to reach every one
-    (33 tokens x top-8 cannot reach 128 experts: most would read dead); where not, a line under the
-    title says so and those layers have no ✕."""
+    (33 tokens x top-8 cannot reach 128 experts: most would read dead); where not, the subtitle says so
+    and those layers have no ✕."""
     g = u.groupby(C.LAYER)[C.COUNT]
     mean, picks, n = g.transform("mean"), g.transform("sum"), g.transform("size")
     reached = picks >= DEAD_PER_OPTION * n
     flags = {"dead": reached & (u[C.COUNT] < DEAD_FRACTION * mean), "overloaded": u[C.COUNT] > OVERLOAD_FACTOR * mean}
     title = (f"Utilisation in this run: share of tokens selecting each option (▲ overloaded: > {OVERLOAD_FACTOR:g}x "
              f"the mean" + (f"; ✕ dead: < {DEAD_FRACTION:.0%} of it)" if reached.any() else ")"))
+    note = ""
     if not reached.all():
         where = "" if not reached.any() else f" in {u[~reached][C.LAYER].nunique()} of {u[C.LAYER].nunique()} layers"
-        title += (f"<br><span style='font-size:0.85em'>{TOO_FEW_FOR_DEAD.capitalize()}{where}: "
-                  f"{int(picks[~reached].min()):,} selections for {int(n[~reached].max())} options, "
-                  f"under {DEAD_PER_OPTION} per option (no ✕ there)</span>")
-    return RH.utilisation_heatmap(u, depth, title, C.SHARE, flags)
+        note = (f"{TOO_FEW_FOR_DEAD.capitalize()}{where}: {int(picks[~reached].min()):,} selections for "
+                f"{int(n[~reached].max())} options, under {DEAD_PER_OPTION} per option (no ✕ there)")
+    return RH.utilisation_heatmap(u, depth, title, C.SHARE, flags, note)
 
 
 def coselection(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:

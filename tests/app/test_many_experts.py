@@ -144,7 +144,7 @@ def test_a_run_calls_experts_dead_only_where_its_selections_could_reach_every_on
     fig, bal = _drawn(u), R.load_balance(u).set_index("layer")
     marks = {t.name: set(zip(t.y, t.x)) for t in fig.data[1:]}
     enough = n_tokens * 8 >= 5 * 128
-    title = fig.layout.title.text.lower()
+    title = f"{fig.layout.title.text} {fig.layout.title.subtitle.text or ''}".lower()
     if not enough:
         assert (u.groupby(C.LAYER)[C.COUNT].min() == 0).all()  # unused experts, which the old rule called dead
         assert "dead" not in marks and "too few tokens to call an expert dead" in title
@@ -177,7 +177,7 @@ def test_the_utilisation_order_is_stated_and_each_cell_knows_its_rank_in_its_lay
 
 
 def _title_lines(fig) -> int:
-    return fig.layout.title.text.count("<br>") + 1
+    return fig.layout.title.text.count("<br>") + 1 + bool(fig.layout.title.subtitle.text)
 
 
 @pytest.mark.parametrize("n_tokens", [33, 100])
@@ -194,5 +194,5 @@ def test_the_flags_legend_sits_between_title_and_plot(n_tokens):
         t, legend, m = fig.layout.title, fig.layout.legend, fig.layout.margin
         assert (t.yref, t.y, t.yanchor) == ("container", 1, "top")
         assert legend.orientation == "h" and legend.yanchor == "bottom" and legend.y >= 1
-        assert legend.yref in (None, "paper")
+        assert legend.yref in (None, "paper") and fig.layout.showlegend  # even for a single flag: ▲ named
         assert m.t >= (t.pad.t or 0) + 22 * _title_lines(fig) + 24
