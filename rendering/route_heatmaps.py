@@ -263,47 +263,72 @@ def expert_matrix_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | 
 
 
 FLAG_SYMBOLS = {"dead": "x-thin", "overloaded": "triangle-up"}  # ✕ and ▲, as the titles name them
-LEGEND_PX, TITLE_LINE_PX = 28, 24  # a one-row horizontal legend; a title line at plotly's 17 px font
+LEGEND_PX, TITLE_LINE_PX = 34, 24  # a row of buttons and the horizontal legend; a title line at plotly's 17 px font
+
+
+ONE_ORDER = "option, by its share summed over all layers (busiest left, one order for every layer)"
+PER_LAYER = "rank in its own layer (busiest left; hover names the option)"
 
 
 def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str], title: str, value: str,
                         flags: dict[str, np.ndarray], note: str = "") -> go.Figure:
-    """Layers x options, colour = `value` (a share). One column order for every layer: the options by
-    their `value` summed over all layers, busiest left (the axis title says so; hover gives each cell's
-    rank within its own layer). Each flag (name -> boolean per row of `u`: dead ✕, overloaded ▲) marks
-    its cells; a flag with no cell has no legend entry. The title (and `note`, a line under it) sits at
-    the top, the flags' legend between it and the plot."""
+    """Layers x options, colour = `value` (a share), in either of two column orders that buttons above
+    the plot switch between: one order for every layer, the options by their `value` summed over all
+    layers (option ids on the axis; hover gives a cell's rank in its layer), or each layer sorted by
+    its own load (ranks on the axis, ties by option id; hover names the option). Each flag (name ->
+    boolean per row of `u`: dead ✕, overloaded ▲) marks its cells in both; a flag with no cell has no
+    legend entry. The title (and `note`, a line under it) sits at the top, buttons and the flags'
+    legend between it and the plot."""
+    u = u.reset_index(drop=True)  # flags are positional
     layers = _layers(u, depth)
-    load = u.groupby(C.OPTION)[value].sum().sort_values(ascending=False, kind="stable")
-    order = list(load.index)
+    order = list(u.groupby(C.OPTION)[value].sum().sort_values(ascending=False, kind="stable").index)
     col = {o: i for i, o in enumerate(order)}
     li = {l: i for i, l in enumerate(layers)}
-    rows, cols = u[C.LAYER].map(li).to_numpy(), u[C.OPTION].map(col).to_numpy()
-    z = np.full((len(layers), len(order)), np.nan)
-    z[rows, cols] = u[value].to_numpy(dtype=float)
-    rank = np.zeros(z.shape, dtype=int)
-    rank[rows, cols] = u.groupby(C.LAYER)[value].rank(ascending=False, method="min").to_numpy(dtype=int)
-    x = [str(o) for o in order]
-    fig = go.Figure(go.Heatmap(z=np.round(z, 5), x=x, y=layers, colorscale="Blues", zmin=0, customdata=rank,
-                               colorbar=dict(title="share"),
+    # each row's place in its layer: by value, largest first, ties by option id
+    place = (u.sort_values([value, C.OPTION], ascending=[False, True], kind="stable").groupby(C.LAYER).cumcount()
+             .reindex(u.index).to_numpy())
+    rows, vals = u[C.LAYER].map(li).to_numpy(), u[value].to_numpy(dtype=float)
+    shape = (len(layers), len(order))
+    z, zs = np.full(shape, np.nan), np.full(shape, np.nan)
+    rank, option = np.zeros(shape, dtype=int), np.zeros(shape, dtype=int)
+    cols = u[C.OPTION].map(col).to_numpy()
+    z[rows, cols], rank[rows, cols] = vals, place + 1
+    zs[rows, place], option[rows, place] = vals, u[C.OPTION].to_numpy()
+    x, xs = [str(o) for o in order], [f"#{r + 1}" for r in range(len(order))]
+    common = dict(y=layers, colorscale="Blues", zmin=0, colorbar=dict(title="share"))
+    fig = go.Figure(go.Heatmap(z=np.round(z, 5), x=x, customdata=rank, **common,
                                hovertemplate="%{y}<br>option %{x}: share %{z:.4f} (#%{customdata} in its layer)"
                                              "<extra></extra>"))
+    fig.add_heatmap(z=np.round(zs, 5), x=xs, customdata=option, visible=False, **common,
+                    hovertemplate="%{y}<br>%{x} in its layer: option %{customdata}, share %{z:.4f}<extra></extra>")
+    size = 7 if len(order) <= 64 else 5
     for flag, hit in flags.items():
-        f = u[np.asarray(hit, dtype=bool)]
-        if f.empty:
+        f = np.asarray(hit, dtype=bool)
+        if not f.any():
             continue
-        fig.add_scatter(x=f[C.OPTION].astype(str), y=f[C.LAYER], mode="markers", name=flag,
-                        marker=dict(symbol=FLAG_SYMBOLS.get(flag, "circle-open"), size=7 if len(order) <= 64 else 5,
-                                    color="#E45756", line=dict(width=1.5, color="#E45756")),
-                        hovertemplate=f"%{{y}}<br>option %{{x}}: {flag}<extra></extra>")
+        marker = dict(symbol=FLAG_SYMBOLS.get(flag, "circle-open"), size=size, color="#E45756",
+                      line=dict(width=1.5, color="#E45756"))
+        fig.add_scatter(x=u[C.OPTION][f].astype(str), y=u[C.LAYER][f], mode="markers", name=flag, marker=marker,
+                        legendgroup=flag, hovertemplate=f"%{{y}}<br>option %{{x}}: {flag}<extra></extra>")
+        fig.add_scatter(x=[xs[p] for p in place[f]], y=u[C.LAYER][f], mode="markers", name=flag, marker=marker,
+                        legendgroup=flag, visible=False, customdata=u[C.OPTION][f],
+                        hovertemplate=f"%{{y}}<br>%{{x}}: option %{{customdata}}, {flag}<extra></extra>")
+    one = [i % 2 == 0 for i in range(len(fig.data))]  # the heatmaps, then each flag's pair, in that order
+    buttons = [dict(label=label, method="update", args=[{"visible": [v == (j == 0) for v in one]},
+                                                        {"xaxis.categoryarray": xa, "xaxis.title.text": t}])
+               for j, (label, xa, t) in enumerate([("one order for every layer", x, ONE_ORDER),
+                                                   ("each layer busiest first", xs, PER_LAYER)])]
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=x, tickfont=dict(size=9), showgrid=False,
-                     title="option, by its share summed over all layers (busiest left, one order for every layer)")
+                     title=ONE_ORDER)
     fig.update_yaxes(autorange="reversed", fixedrange=True)
     lines = 1 + bool(note)
     fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10),
                                  subtitle=dict(text=note, font=dict(size=13))),
                       plot_bgcolor="white", height=max(260, 22 * len(layers) + 140), showlegend=True,
                       legend=dict(orientation="h", y=1, yref="paper", yanchor="bottom", x=1, xanchor="right"),
+                      updatemenus=[dict(type="buttons", direction="right", buttons=buttons, active=0, showactive=True,
+                                        x=0, xanchor="left", y=1, yanchor="bottom", pad=dict(b=4, t=0, l=0, r=0),
+                                        font=dict(size=11))],
                       margin=dict(l=10, r=10, t=10 + TITLE_LINE_PX * lines + LEGEND_PX, b=40))
     return fig
 

@@ -62,8 +62,8 @@ def utilisation_heatmap(u: pd.DataFrame, depth: Iterable[str]) -> go.Figure:
     mean, picks, n = g.transform("mean"), g.transform("sum"), g.transform("size")
     reached = picks >= DEAD_PER_OPTION * n
     flags = {"dead": reached & (u[C.COUNT] < DEAD_FRACTION * mean), "overloaded": u[C.COUNT] > OVERLOAD_FACTOR * mean}
-    title = (f"Utilisation in this run: share of tokens selecting each option (▲ overloaded: > {OVERLOAD_FACTOR:g}x "
-             f"the mean" + (f"; ✕ dead: < {DEAD_FRACTION:.0%} of it)" if reached.any() else ")"))
+    title = (f"Utilisation in this run: each option's share of tokens (▲ overloaded: > {OVERLOAD_FACTOR:g}x the mean"
+             + (f"; ✕ dead: < {DEAD_FRACTION:.0%} of it)" if reached.any() else ")"))
     note = ""
     if not reached.all():
         where = "" if not reached.any() else f" in {u[~reached][C.LAYER].nunique()} of {u[C.LAYER].nunique()} layers"

@@ -94,7 +94,7 @@ def test_many_options_are_drawn_by_place_not_colour(many):
     g = u.groupby(C.LAYER)[C.COUNT]
     reached = g.transform("sum") >= 5 * g.transform("size")  # enough selections to reach every option
     dead = u[reached & (u[C.COUNT] < 0.01 * g.transform("mean"))]
-    marked = {t.name: sorted(zip(t.y, t.x)) for t in util.data[1:]}
+    marked = {t.name: sorted(zip(t.y, t.x)) for t in util.data if t.type == "scatter" and t.visible is not False}
     assert marked.get("dead", []) == sorted(zip(dead[C.LAYER], dead[C.OPTION].astype(str)))
     co = pieces["topk_coselection"]
     assert co.groupby(C.LAYER).size().max() <= RT.COSELECTED_TOP and (co[C.COUNT] > 0).all()
@@ -142,7 +142,7 @@ def test_a_run_calls_experts_dead_only_where_its_selections_could_reach_every_on
     and the chart and the balance table say why; 100 tokens (800 selections) mark the dead ones."""
     u = _utilisation(n_tokens)
     fig, bal = _drawn(u), R.load_balance(u).set_index("layer")
-    marks = {t.name: set(zip(t.y, t.x)) for t in fig.data[1:]}
+    marks = {t.name: set(zip(t.y, t.x)) for t in fig.data if t.type == "scatter" and t.visible is not False}
     enough = n_tokens * 8 >= 5 * 128
     title = f"{fig.layout.title.text} {fig.layout.title.subtitle.text or ''}".lower()
     if not enough:
@@ -164,16 +164,40 @@ def test_a_run_calls_experts_dead_only_where_its_selections_could_reach_every_on
     assert list(bal["overloaded"]) == [sum(x > 2 * g.mean() for x in g) for _, g in per_layer]
 
 
-def test_the_utilisation_order_is_stated_and_each_cell_knows_its_rank_in_its_layer():
+def test_the_utilisation_offers_one_order_or_each_layer_busiest_first():
+    """Buttons switch between one column order for every layer (by the share summed over layers,
+    stated on the axis) and each layer sorted by its own load, ✕ and ▲ on the same cells in both."""
     u = _utilisation(100, layers=2, seed=1)
-    heat = _drawn(u).data[0]
+    fig = _drawn(u)
+    one, own = [t for t in fig.data if t.type == "heatmap"]
     total = u.groupby(C.OPTION)[C.SHARE].sum()
-    assert [total[int(o)] for o in heat.x] == sorted(total, reverse=True)  # one order: summed over layers
-    assert "summed over all layers" in _drawn(u).layout.xaxis.title.text
-    for i, layer in enumerate(heat.y):
-        share = dict(zip(u[u[C.LAYER] == layer][C.OPTION], u[u[C.LAYER] == layer][C.SHARE]))
-        for j, o in enumerate(heat.x):  # rank 1 = busiest of its own layer (ties share the best rank)
-            assert heat.customdata[i][j] == 1 + sum(v > share[int(o)] for v in share.values())
+    assert [total[int(o)] for o in one.x] == sorted(total, reverse=True) and one.visible is not False
+    assert "summed over all layers" in fig.layout.xaxis.title.text and own.visible is False
+    for i, layer in enumerate(one.y):
+        g = u[u[C.LAYER] == layer]
+        ranked = sorted(zip(g[C.SHARE], g[C.OPTION]), key=lambda p: (-p[0], p[1]))  # busiest first, ties by id
+        assert [int(o) for o in own.customdata[i]] == [o for _, o in ranked]
+        np.testing.assert_allclose(own.z[i], [round(v, 5) for v, _ in ranked])
+        place = {o: r + 1 for r, (_, o) in enumerate(ranked)}
+        assert [one.customdata[i][j] for j in range(len(one.x))] == [place[int(o)] for o in one.x]
+    first, second = fig.layout.updatemenus[0].buttons
+    assert "one order" in first.label and "each layer" in second.label
+    for button, heat in ((first, one), (second, own)):
+        visible, layout = button.args
+        shown = [t for t, v in zip(fig.data, visible["visible"]) if v]
+        assert shown[0] is heat and all(t.type == "scatter" for t in shown[1:])
+        assert list(layout["xaxis.categoryarray"]) == list(heat.x)
+        cells = {}
+        for t in shown[1:]:  # a flag's cells as (layer, option), whichever order the axis has
+            opts = t.x if heat is one else [str(o) for o in t.customdata]
+            cells[t.name] = set(zip(t.y, opts))
+        mean = u.groupby(C.LAYER)[C.COUNT].transform("mean")
+        over = u[u[C.COUNT] > 2 * mean]
+        assert cells["overloaded"] == set(zip(over[C.LAYER], over[C.OPTION].astype(str)))
+        if heat is own:  # the per-layer axis: each flag at its option's rank
+            for t in shown[1:]:
+                for layer, x, o in zip(t.y, t.x, t.customdata):
+                    assert own.customdata[list(own.y).index(layer)][int(x[1:]) - 1] == o
 
 
 def _title_lines(fig) -> int:
