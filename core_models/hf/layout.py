@@ -243,7 +243,9 @@ class HFRoutingLayer(RoutingLayer):
         return self.n_experts  # the shared expert runs for every token
 
     def option_labels(self) -> list[str]:
-        return [f"{self.option_noun} {j}" for j in range(self.n_experts)] + (["shared expert"] if self.shared else [])
+        last = list(self.block.quirk.last_options)  # options past the experts (ZAYA's skip class)
+        return [f"{self.option_noun} {j}" for j in range(self.n_experts - len(last))] + last + \
+            (["shared expert"] if self.shared else [])
 
 
 def router_weights(block: MoEBlock, output: tuple, idx: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,8 @@ class Quirk:
     expert_attr: str | None = None  # the router's attribute counting its experts, where its logits are not
     # one per expert; the record then masks a dropped expert where the router's top-k chooses among every
     # expert (the scores it takes, by the expert ids of the last integer tensor of that width: Doge)
+    last_options: tuple[str, ...] = ()  # labels of the router's last options where they are no experts
+    # (ZAYA's skip class)
     static_routers: tuple[str, ...] = ()  # router classes that pick experts by a fixed table, not a choice
     # transformers records: their blocks run as built and are no routing layers (DeepSeek-V4's hash layers)
     choice_bias: str | None = None  # the tensor (path from the MoE block) added to scores before selection
@@ -198,6 +200,7 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
           "out_proj) whose last linear gives the logits over the experts and one skip class (no compute); "
           "softmax, selection on the probabilities + balancing_biases", scoring="MLP router",
           logits_weight="router_mlp.out_proj.weight", choice_bias="gate.balancing_biases", final_norm=None,
+          last_options=("skip (no expert runs)",),
           output=(LOGITS, "weights", "indices", "router states"),
           unavailable=(("prune", "its router scores a skip class past the num_experts experts, which pruning by "
                                  "num_experts would not keep"),
