@@ -7,7 +7,10 @@ import streamlit as st
 
 st.set_page_config(page_title="RouteScope", page_icon="🧭", layout="wide")
 
+from urllib.parse import quote, urlencode  # noqa: E402
+
 from routescope.app import resources  # noqa: E402  (set_page_config must come first)
+from routescope.app import links  # noqa: E402
 from routescope.app import corpus_resources as CR  # noqa: E402
 from routescope.app import state as K  # noqa: E402
 from routescope.app import pages as family_pages  # noqa: E402
@@ -34,11 +37,94 @@ def error_box(where: str, e: Exception) -> None:
 NEEDS_NO_RUN = ("Corpus", "Experts")  # views that read neither the prompt nor its run (family pages neither): shown when those fail
 
 
+@st.cache_resource
+def prompt_store() -> links.PromptStore:
+    """Long prompts of links, by digest, for every session of this server (links.PromptStore)."""
+    return links.PromptStore()
+
+
+def read_link() -> None:
+    """On a session's first run, the URL's checkpoint, prompt and settings into the widgets' state
+    (one warning line per value left out); its view, layer and specs wait for the model (apply_link)."""
+    if st.session_state.get(K.LINK_READ):
+        return
+    st.session_state[K.LINK_READ] = True
+    params = st.query_params.to_dict()
+    if not params:
+        return
+    paths = sidebar.checkpoints()
+    link, notices = links.from_params(params, checkpoints=paths, prompts=prompt_store().get)
+    sidebar.apply_link(link, paths)
+    if link.prompt is not None:
+        st.session_state[K.PROMPT] = link.prompt
+    st.session_state[K.LINK_PENDING] = link
+    for notice in notices:
+        st.warning(notice)
+
+
+def apply_link(model, path: str) -> None:
+    """The link's view, layer and specs, checked against the loaded model, into the widgets' state
+    (after `ablation.reset_for`, which would forget the specs)."""
+    link = st.session_state.pop(K.LINK_PENDING, None)
+    if link is None:
+        return
+    layers = model.routing_layers()
+    link, notices = links.for_model(link, views=offered_views(model), layers=layers,
+                                    known_modes=model.ablation_modes(), top_k=model.routing_top_k(),
+                                    layer_picker=has_layer_picker(layers))
+    for notice in notices:
+        st.warning(notice)
+    if link.view:
+        st.session_state[K.VIEW] = link.view
+    if link.specs:
+        st.session_state[K.specs_key(path)] = "\n".join(link.specs)
+    if link.layer:
+        st.session_state[K.layer_pick_key(path)] = link.layer
+
+
+def has_layer_picker(layers: dict[str, int]) -> bool:
+    """Whether the ablation controls show one layer at a time (views.ablation: many options a layer)."""
+    return bool(layers) and max(layers.values()) > ablation.FEW_OPTIONS
+
+
+def offered_views(model) -> list[str]:
+    """The views this model's page offers: every family's, its family's own pages after PAGES_AFTER."""
+    at = VIEWS.index(PAGES_AFTER) + 1
+    return VIEWS[:at] + [p.title for p in family_pages.pages(model)] + VIEWS[at:]
+
+
+def share(name: str, prompt: str, settings, ab: Ablation, view: str, model, path: str) -> None:
+    """The page's state into the URL (written only when it changed: writing reruns nothing), and the
+    link under "Copy link" (st.code has a copy button)."""
+    if len(prompt) > links.PROMPT_INLINE:
+        prompt_store().put(prompt)
+    sampling = not settings.greedy
+    uploaded = path == st.session_state.get(K.UPLOADED_PATH)  # never matches a listed checkpoint of its name
+    state = links.LinkState(
+        checkpoint=f"upload:{name}" if uploaded else name, prompt=prompt, specs=ab.specs, view=view,
+        layer=st.session_state.get(K.layer_pick_key(path)) if has_layer_picker(model.routing_layers()) else None,
+        max_new=settings.max_new_tokens,
+        decoding=links.DECODINGS[sampling], temperature=settings.temperature if sampling else None,
+        top_k=settings.top_k if sampling else None, top_p=settings.top_p if sampling else None, seed=settings.seed,
+        routing=settings.routing if any(m.stochastic for m in model.routing_modules.values()) else None)
+    params = links.to_params(state)
+    if st.query_params.to_dict() != params:
+        st.query_params.from_dict(params)
+    url = (st.context.url or "") + "?" + urlencode(params, quote_via=quote, safe="*:;,!@")  # specs stay readable
+    with st.popover("Copy link", help="A link that reopens this page: checkpoint, prompt, ablation, view and "
+                                      "settings"):
+        st.code(url, language=None, wrap_lines=True)
+        st.caption("The copy button at the code's right puts it on the clipboard. " + (
+            "The prompt goes by its digest: this server keeps its text until it restarts."
+            if len(prompt) > links.PROMPT_INLINE else ""))
+
+
 @st.fragment
-def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None = None) -> None:
+def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None = None, name: str = "") -> None:
     """Everything that follows an ablation toggle; reruns alone when a toggle changes. Only the
     chosen view is built, so a toggle costs one (cached) run plus one view. `problem`: why the prompt
-    cannot run (empty, say); the run's views then say so, and the views that need no run still work."""
+    cannot run (empty, say); the run's views then say so, and the views that need no run still work.
+    `name`: the checkpoint's, for the link."""
     model, tok = resources.load(path, mtime)
     left, right = st.columns([1, 4], gap="medium")
     with left:
@@ -63,12 +149,13 @@ def explorer(path: str, mtime: float, prompt: str, settings, problem: str | None
         else:
             st.caption(f"Ablation: {ablation.describe(ab, model)}")
         pages = {p.title: p for p in family_pages.pages(model)}  # the family's own views
-        at = VIEWS.index(PAGES_AFTER) + 1
-        offered = VIEWS[:at] + list(pages) + VIEWS[at:]
+        offered = offered_views(model)
         if st.session_state.get(K.VIEW) not in (None, *offered):  # a page of the previous checkpoint's family
             st.session_state[K.VIEW] = DEFAULT_VIEW
-        view = st.segmented_control("View", offered, default=DEFAULT_VIEW, key=K.VIEW, label_visibility="collapsed")
+        st.session_state.setdefault(K.VIEW, DEFAULT_VIEW)  # a link may have set it (no default to clash)
+        view = st.segmented_control("View", offered, key=K.VIEW, label_visibility="collapsed")
         view = view or DEFAULT_VIEW
+        share(name, prompt, settings, ab, view, model, path)
         no_run = [*pages, *NEEDS_NO_RUN]
         if cur is None and view not in no_run:
             (st.warning if problem else st.error)(failed)
@@ -134,7 +221,8 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
 def prompt_box() -> str:
     """The prompt, taken when Generate is pressed (or Ctrl+Enter in the box)."""
     with st.form(K.PROMPT_FORM, border=False):
-        prompt = st.text_area("Prompt", DEFAULT_PROMPT, key=K.PROMPT, height=80)
+        st.session_state.setdefault(K.PROMPT, DEFAULT_PROMPT)  # a link may have set it (no default to clash)
+        prompt = st.text_area("Prompt", key=K.PROMPT, height=80)
         st.form_submit_button("Generate", type="primary", key=K.GENERATE, help="Ctrl+Enter in the box does the same")
     return prompt
 
@@ -143,6 +231,7 @@ def main() -> None:
     # the page's own styles first: the browser starts loading Streamlit's HTML renderer at once, which
     # the routed text and the route grid need (about half a second sooner on their first paint)
     st.markdown(STYLES, unsafe_allow_html=True)
+    read_link()
     info = sidebar.pick()
     if info is None:
         st.stop()
@@ -155,13 +244,14 @@ def main() -> None:
         st.stop()
     settings = sidebar.settings(model)
     ablation.reset_for(path)
+    apply_link(model, path)
     try:
         require_tokenizer(tok, info.name)
     except ValueError as e:
         st.warning(f"{e}.")
         st.stop()
     problem = prompt_problem(prompt)  # the CLI's rule too; said in place of the views that need the prompt
-    explorer(path, mtime, prompt, settings, problem[0].upper() + problem[1:] + "." if problem else None)
+    explorer(path, mtime, prompt, settings, problem[0].upper() + problem[1:] + "." if problem else None, info.name)
 
 
 main()

@@ -22,6 +22,9 @@ ATTR_RUN = "attr_run"
 ATTR_STEPS = "attr_steps"
 ATTR_DELTAS = "attr_deltas"  # per target: {n_steps: convergence delta} measured in this session
 PROBES_UPLOAD = "probes_upload"
+# links (app/links.py): the URL is read once per session, on its first run; what needs the model waits
+LINK_READ = "link_read"
+LINK_PENDING = "link_pending"
 
 # ablation widgets: keyed by the checkpoint they belong to (its path), so a box ticked for one model
 # is a different widget from the next model's (the browser keeps a widget's value per key);

@@ -10,6 +10,7 @@ from routescope.analysis.runs.session import RunSettings
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.run_state import ROUTING_MODES
 
+from routescope.app import links as L
 from routescope.app import resources
 from routescope.app import state as K
 from routescope.app.messages import show_error
@@ -17,8 +18,29 @@ from routescope.app.messages import show_error
 DEFAULT_CHECKPOINT = "papaformer-gumbel-v2"
 
 
+def _listed() -> list[CheckpointInfo]:
+    return [c for c in list_checkpoints(checkpoint_roots()) if c.problem is None]
+
+
+def checkpoints() -> dict[str, str]:
+    """{name: path} of the checkpoints this server lists (the first of a name), what a link names."""
+    out: dict[str, str] = {}
+    for c in _listed():
+        out.setdefault(c.name, c.path)
+    return out
+
+
+def apply_link(link: L.LinkState, paths: dict[str, str]) -> None:
+    """A link's checkpoint and generation settings into the widgets' state, before they are drawn
+    (`paths`: `checkpoints()`; the link's values are checked by `links.from_params`)."""
+    keys = {K.MAX_NEW: link.max_new, K.DECODING: link.decoding, K.TEMPERATURE: link.temperature, K.TOP_K: link.top_k,
+            K.TOP_P: link.top_p, K.SEED: link.seed, K.GUMBEL_MODE: link.routing,
+            K.CHECKPOINT: paths.get(link.checkpoint) if link.checkpoint else None}
+    st.session_state.update({k: v for k, v in keys.items() if v is not None})
+
+
 def _pick_checkpoint() -> CheckpointInfo | None:
-    found = [c for c in list_checkpoints(checkpoint_roots()) if c.problem is None]
+    found = _listed()
     uploaded = st.session_state.get(K.UPLOADED_PATH)
     if uploaded:
         found.append(describe(uploaded))
@@ -83,14 +105,18 @@ def settings(model: RouteScopeLM) -> RunSettings:
 
 def _settings(model: RouteScopeLM) -> RunSettings:
     st.subheader("Generation")
-    max_new = st.slider("Max new tokens", 0, 64, 24, key=K.MAX_NEW)
-    mode = st.radio("Decoding", ["greedy", "sampling"], horizontal=True, key=K.DECODING)
-    temperature, top_k, top_p = 1.0, 0, 1.0
+    # defaults through the session state (a link sets the same keys first: no default to clash with)
+    for key, default in ((K.MAX_NEW, L.MAX_NEW[2]), (K.DECODING, L.DECODINGS[0]), (K.TEMPERATURE, L.TEMPERATURE[2]),
+                         (K.TOP_K, L.TOP_K[2]), (K.TOP_P, L.TOP_P[2]), (K.SEED, L.SEED[2])):
+        st.session_state.setdefault(key, default)
+    max_new = st.slider("Max new tokens", *L.MAX_NEW[:2], key=K.MAX_NEW)
+    mode = st.radio("Decoding", L.DECODINGS, horizontal=True, key=K.DECODING)
+    temperature, top_k, top_p = L.TEMPERATURE[2], L.TOP_K[2], L.TOP_P[2]
     if mode == "sampling":
-        temperature = st.slider("Temperature", 0.05, 2.0, 1.0, 0.05, key=K.TEMPERATURE)
-        top_k = st.number_input("Top-k (0 = off)", 0, 4096, 0, key=K.TOP_K)
-        top_p = st.slider("Top-p", 0.05, 1.0, 1.0, 0.05, key=K.TOP_P)
-    seed = st.number_input("Seed", 0, 2**31 - 1, 0, key=K.SEED)
+        temperature = st.slider("Temperature", *L.TEMPERATURE[:2], step=L.TEMPERATURE[3], key=K.TEMPERATURE)
+        top_k = st.number_input("Top-k (0 = off)", *L.TOP_K[:2], key=K.TOP_K)
+        top_p = st.slider("Top-p", *L.TOP_P[:2], step=L.TOP_P[3], key=K.TOP_P)
+    seed = st.number_input("Seed", *L.SEED[:2], key=K.SEED)
     routing, options = ROUTING_MODES[0], []
     if any(m.stochastic for m in model.routing_modules.values()):
         st.subheader("Gumbel routing")
