@@ -34,6 +34,7 @@ DECODINGS = ("greedy", "sampling")
 PROMPT_INLINE = 200  # longer prompts go by digest (a URL of a few kB is refused by some proxies)
 DIGEST_CHARS = 16
 IGNORED = ("embed", "embed_options")  # Streamlit's own parameters
+OPTION = "opt."  # a run option's parameter: opt.NAME
 
 # parameter names, in the order the URL lists them
 NAMES = ("checkpoint", "prompt", "prompt_sha", "ablate", "view", "layer", "max_new", "decoding", "temperature",
@@ -56,6 +57,7 @@ class LinkState:
     top_p: float | None = None
     seed: int | None = None
     routing: str | None = None  # Gumbel routing mode (ROUTING_MODES)
+    options: tuple[tuple[str, float], ...] = ()  # the family's run options the sidebar offers, as `opt.NAME`
 
 
 def digest(prompt: str) -> str:
@@ -113,9 +115,11 @@ def to_params(state: LinkState) -> dict[str, str]:
             out.update({"prompt": value} if len(value) <= PROMPT_INLINE else {"prompt_sha": digest(value)})
         elif f.name == "specs":
             out["ablate"] = ";".join(value)
+        elif f.name == "options":
+            out.update({OPTION + name: _number(float(v)) for name, v in value})
         else:
             out[f.name] = _number(value)
-    return {k: out[k] for k in NAMES if k in out}
+    return {k: out[k] for k in (*NAMES, *sorted(k for k in out if k.startswith(OPTION))) if k in out}
 
 
 def split_specs(text: str) -> list[tuple[str, str]]:
@@ -191,9 +195,21 @@ def from_params(params: Mapping[str, object], *, checkpoints: Collection[str],
         if problem:
             notices.append(" ".join(f"Link: {problem}; {default}.".split()))  # one line, whatever the URL held
 
+    options = []
     for name in got:
-        if name not in NAMES and name not in IGNORED:
+        if name.startswith(OPTION) and len(name) > len(OPTION):
+            try:
+                value = float(got[name].strip())
+            except ValueError:
+                value = math.nan
+            if math.isfinite(value):
+                options.append((name[len(OPTION):], value))
+            else:
+                note(f"`{name}`: {got[name]!r} is not a number")
+        elif name not in NAMES and name not in IGNORED:
             note(f"`{name}` is not a parameter this page reads", "ignored")
+    if options:
+        values["options"] = tuple(options)
     if "checkpoint" in got:
         if got["checkpoint"] in checkpoints:
             values["checkpoint"] = got["checkpoint"]
@@ -244,12 +260,25 @@ def from_params(params: Mapping[str, object], *, checkpoints: Collection[str],
 def for_model(state: LinkState, *, views: Collection[str], layers: dict[str, int],
               known_modes: Mapping[str, str] | None = None,
               top_k: Mapping[str, tuple[int, int]] | None = None,
-              layer_picker: bool = True) -> tuple[LinkState, list[str]]:
+              layer_picker: bool = True,
+              options: Mapping[str, tuple[float, float]] | None = None) -> tuple[LinkState, list[str]]:
     """What the loaded model decides: the view among those it offers, the layer among its routing
     layers (where its ablation controls show one layer at a time: `layer_picker`), each spec against
     its layers and modes (a "top N" spec is kept: the page ranks it with the prompt's counts, and the
-    spec box says why where it cannot)."""
+    spec box says why where it cannot), each run option among those offered (`options`: name -> (low,
+    high)) and within its range."""
     notices, changes = [], {}
+    if state.options:
+        kept = []
+        for name, value in state.options:
+            if name not in (options or {}):
+                notices.append(f"Link: `{OPTION}{name}`: this model offers no run option {name!r}; ignored.")
+            elif not options[name][0] <= value <= options[name][1]:
+                notices.append(f"Link: `{OPTION}{name}`: {value:g} is outside {options[name][0]:g}..{options[name][1]:g}; "
+                               "the default is used.")
+            else:
+                kept.append((name, value))
+        changes["options"] = tuple(kept)
     if state.layer is not None and not layer_picker:
         notices.append("Link: `layer`: this model's ablation controls show every layer at once; ignored.")
         state = replace(state, layer=None)

@@ -63,15 +63,16 @@ def read_link() -> None:
 
 
 def apply_link(model, path: str) -> None:
-    """The link's view, layer and specs, checked against the loaded model, into the widgets' state
-    (after `ablation.reset_for`, which would forget the specs)."""
+    """The link's view, layer, specs and run options, checked against the loaded model, into the widgets'
+    state (after `ablation.reset_for`, which would forget the specs; before the sidebar's run options)."""
     link = st.session_state.pop(K.LINK_PENDING, None)
     if link is None:
         return
     layers = model.routing_layers()
     link, notices = links.for_model(link, views=offered_views(model), layers=layers,
                                     known_modes=model.ablation_modes(), top_k=model.routing_top_k(),
-                                    layer_picker=has_layer_picker(layers))
+                                    layer_picker=has_layer_picker(layers),
+                                    options={n: (o.low, o.high) for n, o in sidebar.offered_options(model).items()})
     for notice in notices:
         st.warning(notice)
     if link.view:
@@ -80,6 +81,8 @@ def apply_link(model, path: str) -> None:
         st.session_state[K.specs_key(path)] = "\n".join(link.specs)
     if link.layer:
         st.session_state[K.layer_pick_key(path)] = link.layer
+    for name, value in link.options:
+        st.session_state[K.run_option_key(name)] = value
 
 
 def has_layer_picker(layers: dict[str, int]) -> bool:
@@ -106,7 +109,8 @@ def share(name: str, prompt: str, settings, ab: Ablation, view: str, model, path
         max_new=settings.max_new_tokens,
         decoding=links.DECODINGS[sampling], temperature=settings.temperature if sampling else None,
         top_k=settings.top_k if sampling else None, top_p=settings.top_p if sampling else None, seed=settings.seed,
-        routing=settings.routing if any(m.stochastic for m in model.routing_modules.values()) else None)
+        routing=settings.routing if any(m.stochastic for m in model.routing_modules.values()) else None,
+        options=settings.options)
     params = links.to_params(state)
     if st.query_params.to_dict() != params:
         st.query_params.from_dict(params)
@@ -242,9 +246,9 @@ def main() -> None:
     except Exception as e:
         show_error(e, f"Cannot open {info.name}: ", hide=path)
         st.stop()
-    settings = sidebar.settings(model)
     ablation.reset_for(path)
     apply_link(model, path)
+    settings = sidebar.settings(model)
     try:
         require_tokenizer(tok, info.name)
     except ValueError as e:

@@ -7,7 +7,7 @@ import streamlit as st
 
 from routescope.analysis.runs.catalog import CheckpointInfo, checkpoint_roots, describe, list_checkpoints
 from routescope.analysis.runs.session import RunSettings
-from routescope.core_models.base import RouteScopeLM
+from routescope.core_models.base import RouteScopeLM, RunOption
 from routescope.core_models.run_state import ROUTING_MODES
 
 from routescope.app import links as L
@@ -123,15 +123,20 @@ def _settings(model: RouteScopeLM) -> RunSettings:
         routing = st.radio("Mode", ROUTING_MODES, horizontal=True, key=K.GUMBEL_MODE,
                            help="deterministic: noise-free argmax of the router logits; sampled: Gumbel noise "
                                 "drawn from the seed above")
-    for o in model.run_options().values():  # the family's run options, as its model declares them
-        if not o.offered or o.whole_sequence or o.kind is not float:  # generation runs with a KV cache
-            continue
+    for o in offered_options(model).values():
         st.subheader(o.heading or o.name)
-        default = float(getattr(model.config, o.name))  # an option's default is the config field of its name
-        value = st.slider(o.label or o.name, o.low, o.high, default, o.step, key=K.run_option_key(o.name), help=o.help)
+        # an option's default is the config field of its name (through the state: a link may have set it)
+        st.session_state.setdefault(K.run_option_key(o.name), float(getattr(model.config, o.name)))
+        value = st.slider(o.label or o.name, o.low, o.high, step=o.step, key=K.run_option_key(o.name), help=o.help)
         options.append((o.name, float(value)))
     return RunSettings(max_new_tokens=max_new, greedy=mode == "greedy", temperature=float(temperature),
                        top_k=int(top_k), top_p=float(top_p), seed=int(seed), routing=routing, options=tuple(options))
+
+
+def offered_options(model: RouteScopeLM) -> dict[str, RunOption]:
+    """The family's run options the sidebar offers a control for, as its model declares them."""
+    return {name: o for name, o in model.run_options().items()
+            if o.offered and not o.whole_sequence and o.kind is float}  # generation runs with a KV cache
 
 
 def pick() -> CheckpointInfo | None:

@@ -37,7 +37,8 @@ def read(params: dict, prompts=no_prompts) -> tuple[L.LinkState, list[str]]:
     L.LinkState(checkpoint="moep", prompt="a;b&c=d #e ünï 🧭", specs=("*:1", "force model.layers.0.mlp.gate:2",
                                                                     "model.layers.1.mlp.gate:!0", "mode pgpt-1"),
                 view="Ablation diff", layer="model.layers.1.mlp.gate", max_new=0, decoding="sampling",
-                temperature=0.35, top_k=7, top_p=0.9, seed=2**31 - 1, routing=ROUTING_MODES[-1]),
+                temperature=0.35, top_k=7, top_p=0.9, seed=2**31 - 1, routing=ROUTING_MODES[-1],
+                options=(("atm_tau", -0.25), ("other", 3.0))),
     L.LinkState(),
 ])
 def test_state_survives_the_url(state):
@@ -96,6 +97,17 @@ def test_a_value_given_twice_counts_once_and_an_unknown_parameter_is_named():
     state, notices = read({"seed": ["1", "2"], "colour": "red", "embed": "true"})
     assert state.seed == 2
     assert notices == ["Link: `colour` is not a parameter this page reads; ignored."]
+
+
+def test_run_options_travel_as_opt_and_the_model_checks_them():
+    state, notices = read({"opt.atm_tau": "0.5", "opt.gone": "1", "opt.bad": "nan", "opt.worse": "x"})
+    assert state.options == (("atm_tau", 0.5), ("gone", 1.0))
+    assert [re.search(r"`([\w.]+)`", n)[1] for n in notices] == ["opt.bad", "opt.worse"]
+    offered = {"atm_tau": (-1.0, 1.0)}
+    got, notices = L.for_model(state, views=[], layers={}, options=offered)
+    assert got.options == (("atm_tau", 0.5),) and len(notices) == 1 and "`opt.gone`" in notices[0]
+    got, notices = L.for_model(L.LinkState(options=(("atm_tau", 1.5),)), views=[], layers={}, options=offered)
+    assert got.options == () and len(notices) == 1 and "outside" in notices[0]
 
 
 def test_specs_that_cannot_parse_are_left_out_the_others_kept():
@@ -229,6 +241,16 @@ def test_the_url_follows_the_widgets_and_a_long_prompt_goes_by_digest():
     assert again.text_area(key=K.PROMPT).value == long
     assert again.radio(key=K.DECODING).value == "sampling" and again.slider(key=K.TEMPERATURE).value == 0.5
     assert again.segmented_control(key=K.VIEW).value == "Generation"
+
+
+def test_a_link_sets_a_familys_run_option():
+    """Wiola's ATM threshold (a run option the sidebar offers): the link sets the slider and the run."""
+    at = opened({"checkpoint": "wiola-tiny", "opt.atm_tau": "0.4", "max_new": "2"})
+    assert not at.warning, [w.value for w in at.warning]
+    assert at.slider(key=K.run_option_key("atm_tau")).value == 0.4
+    assert _param(at, "opt.atm_tau") == "0.4"
+    at.slider(key=K.run_option_key("atm_tau")).set_value(0.6).run()
+    assert _param(at, "opt.atm_tau") == "0.6"
 
 
 def test_a_link_picks_the_layer_of_a_many_expert_model(tmp_path, monkeypatch):
