@@ -17,7 +17,7 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from routescope.core_models.ablation import applicable
 from routescope.core_models.run_state import ROUTING_MODES
