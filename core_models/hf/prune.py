@@ -27,6 +27,13 @@ class PruneMixin:
         q = self.quirk
         if q.reason("prune"):
             return f"{q.model_type}: {q.reason('prune')}"
+        text = getattr(self.hf.config, "text_config", None) or self.hf.config
+        g = getattr(text, q.expert_groups, None) if q.expert_groups else None
+        if isinstance(g, int) and g > 1:  # a group-limited top-k: every group the same size, scored by its top 2
+            kept = next(iter(self.routing_modules.values())).n_experts - n
+            if kept % g or kept // g < 2:
+                return (f"{q.model_type}'s router picks among {q.expert_groups}={g} groups of experts, each scored by "
+                        f"its top 2: keep a multiple of {g}, at least {2 * g} (prune {n} leaves {kept})")
         if _expert_count_field(self.hf.config, q.expert_count) is None:
             return f"{q.model_type}'s config has no integer {q.expert_count} (its record's expert count)"
         return None

@@ -42,6 +42,8 @@ class Quirk:
     expert_attr: str | None = None  # the router's attribute counting its experts, where its logits are not
     # one per expert; the record then masks a dropped expert where the router's top-k chooses among every
     # expert (the scores it takes, by the expert ids of the last integer tensor of that width: Doge)
+    expert_groups: str | None = None  # the (text) config field grouping the experts for a group-limited top-k
+    # (each group scored by its top 2): pruning keeps a multiple of it, at least 2 a group
     last_options: tuple[str, ...] = ()  # labels of the router's last options where they are no experts
     # (ZAYA's skip class)
     static_routers: tuple[str, ...] = ()  # router classes that pick experts by a fixed table, not a choice
@@ -70,7 +72,7 @@ _TOPK_SOFTMAX = ((PROBS, "its router applies its softmax to the top-k logits onl
 # from the unbiased scores; shared experts beside the routed ones
 _DEEPSEEK_V3 = Quirk("", "DeepSeek-V3's router: sigmoid scores, selection on scores + e_score_correction_bias, "
                          "shared experts", scoring="sigmoid", choice_bias="gate.e_score_correction_bias",
-                     expert_count="n_routed_experts", shared="shared_experts")
+                     expert_count="n_routed_experts", shared="shared_experts", expert_groups="n_group")
 _QWEN2_MOE = Quirk("", "Qwen2-MoE's block: a softmax router plus one shared expert scaled by its own sigmoid gate",
                    shared="shared_expert", shared_gate="shared_expert_gate")
 _SIGMOID = Quirk("", "a sigmoid router: each expert scored on its own, top-k of the sigmoid scores", scoring="sigmoid")
@@ -87,7 +89,8 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
           shared="shared_experts"),
     Quirk("mistral4", "Mistral-4: DeepSeek-V2's softmax router (group-limited top-k, weights times "
           "routed_scaling_factor), shared experts; transformers files its causal LM under image-text-to-text "
-          "(the loader finds it by `architectures`)", expert_count="n_routed_experts", shared="shared_experts"),
+          "(the loader finds it by `architectures`)", expert_count="n_routed_experts", shared="shared_experts",
+          expert_groups="n_group"),
     Quirk("hunyuan_v1_moe", "HunYuan-MoE: the router's `wg` linear, softmax; a shared MLP", shared="shared_mlp"),
     Quirk("ernie4_5_moe", "ERNIE-4.5: softmax router whose selection adds moe_statics.e_score_correction_bias to the "
           "probabilities; shared experts", choice_bias="gate.moe_statics.e_score_correction_bias",
@@ -148,8 +151,9 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
     _as(_DEEPSEEK_V3, "mimo_v2_flash", shared=None),
     _as(_DEEPSEEK_V3, "inkling2_text", "Inkling-2: score_fn (sigmoid or softmax) scores, selection on scores + "
         "e_score_correction_bias", scoring="score_fn (sigmoid or softmax)", shared=None),
-    *[_as(_DEEPSEEK_V3, t, expert_count="num_experts") for t in ("kimi_linear", "bailing_hybrid", "exaone_moe",
-                                                                 "laguna", "minimax_m3_vl_text")],
+    *[_as(_DEEPSEEK_V3, t, expert_count="num_experts") for t in ("exaone_moe", "laguna", "minimax_m3_vl_text")],
+    *[_as(_DEEPSEEK_V3, t, expert_count="num_experts", expert_groups="num_expert_group")
+      for t in ("kimi_linear", "bailing_hybrid")],
     _as(_DEEPSEEK_V3, "beam", expert_count="num_experts", shared=None),
     _as(_DEEPSEEK_V3, "kolibri1", "Kolibri-1: selection on the logits + e_score_correction_bias, sigmoid of the "
         "chosen logits only; on CUDA its logits come from torch.mm", expert_count="num_experts",
@@ -172,7 +176,9 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
           unavailable=((PROBS, "its scores are score_fn (sqrtsoftplus by default) of the logits, not probabilities "
                                "over every expert"),
                        ("resume", "its decoder layers carry hc_mult residual streams (hyper-connections), mixed by "
-                                  "hc_head before the final norm"))),
+                                  "hc_head before the final norm"),
+                       ("prune", "its hash layers' experts, picked by tid2eid, are no routing layers: pruning would "
+                                 "not slice them"))),
     Quirk("doge", "Doge (cross-domain MoE): the MoE block is its own router; router_gate gives product-key "
           "logits [2, tokens, num_keys], a top-k over each half and over their sums picks among num_keys^2 experts "
           "(rows of down_embed / up_embed, used inline), softmax over the chosen; a shared MLP inline",

@@ -112,9 +112,13 @@ class ResumeMixin:
 
     def expert_output_norms(self, prefix: Prefix, layer: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(indices [N, k], weights [N, k], ||expert output|| [N, k]) at `layer` for the N tokens of the
-        captured batch (rows x pos), the norms of `expert_outputs`."""
+        captured batch (rows x pos), the norms of `expert_outputs`; NaN norms where the layer's record
+        has no per-expert outputs (`Quirk.reason("expert_outputs")`: JetMoE, Doge), so REAP is NaN there."""
         _, idx, w = prefix.experts[layer]
-        norms = self.expert_outputs(prefix, layer).float().norm(dim=-1)
+        if self.routing_modules[layer].block.experts is None:
+            norms = torch.full(idx.shape, float("nan"))
+        else:
+            norms = self.expert_outputs(prefix, layer).float().norm(dim=-1)
         return idx.reshape(-1, idx.shape[-1]), w.reshape(-1, w.shape[-1]).float(), norms.reshape(-1, idx.shape[-1])
 
 
