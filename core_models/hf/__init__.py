@@ -21,13 +21,16 @@ Which modules route is read from transformers itself, for every MoE model type i
 boundaries (`moe_layout`), and what differs by type from one named record per type (`quirks.Quirk`:
 router output layout, scoring, selection bias, where experts per token and the expert count live,
 shared experts, final norm), checked against the built model at load:
-- the **router** of each MoE block is a module of the class transformers records for
-  `output_router_logits` (`_can_record_outputs["router_logits"]`, an `OutputRecorder`); its module
-  path is the routing layer's name (`model.layers.3.mlp.gate`, `...block_sparse_moe.router`);
+- the **router** of each MoE block is the innermost module of a class transformers records for
+  `output_router_logits` (`_can_record_outputs["router_logits"]`, an `OutputRecorder`; JetMoE
+  records its attention around its attention experts' gating); its module path is the routing
+  layer's name (`model.layers.3.mlp.gate`, `...self_attention.experts.router`); a router class
+  the record names static (DeepSeek-V4's hash routers: a fixed token-id table) makes no routing layer;
 - the **experts** are the router's sibling `experts`, which every MoE block calls as
   `experts(hidden_states, top_k_index, top_k_weights)`, unless its record reads the routes at the
-  router (`Quirk.routes`: Llama-4's experts take tokens pre-scaled by the router's scores; the
-  indices are the router's own top-k, the weights its scores there); a block that calls them
+  router (`Quirk.routes`: the indices are the router's own top-k, the weights Llama-4's scores
+  there (its experts take tokens pre-scaled by them) or JetMoE's gates put back in token order, or,
+  Doge, the gather and softmax after its top-k over every expert); a block that calls them
   otherwise without such a record is refused in one line saying so, and a call without the indices
   and weights raises instead of passing unrecorded;
 - a **shared expert** is the sibling its record names (its gate, where the record names one, is a site).
@@ -44,7 +47,8 @@ Each routing layer's roles and their sites (`HFRoutingLayer.roles`; shapes as re
 
 Ablations go through the router's own code: a torch function mode, entered around the router's
 forward by its wrapper (thread-local, like every function mode), sets the logits of dropped
-experts to -inf as the router's linear returns them (the record's `logits_ops`), and where the record
+experts to -inf as the router's linear returns them (the record's `logits_ops`; ZAYA's MLP router:
+the linear of its `logits_weight`; Doge: the scores its top-k over every expert takes), and where the record
 names a selection bias (DeepSeek-V3's `gate.e_score_correction_bias`, AFMoE's `expert_bias`, which its
 block passes in, ...) sets the dropped experts' biased scores to -1e9 as the router adds it
 (finite, so group sums stay ordered). The model's own selection and normalisation then pick the
