@@ -1,10 +1,10 @@
 """Count every entry of core_models.paper_configs.PAPER_CONFIGS at its paper's configuration, built
-on the meta device (no memory, no initialisation cost), and write the README's paper-scale table
-between the markers below. Nothing in the table is typed by hand: `ours` is measured here, `paper`
+on the meta device (no memory, no initialisation cost), and write the paper-scale table of
+docs/papers.md between the markers below. Nothing in the table is typed by hand: `ours` is measured here, `paper`
 and `source` come from the registry entry.
 
-    python scripts/paper_counts.py           # rewrite the table in README.md
-    python scripts/paper_counts.py --check   # exit 1 if README.md is out of date
+    python scripts/paper_counts.py           # rewrite the table in docs/papers.md
+    python scripts/paper_counts.py --check   # exit 1 if docs/papers.md is out of date
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "papers.md"  # the table's page (the README links to it)
 if str(ROOT) not in sys.path:  # run as a file from a checkout
     sys.path.insert(0, str(ROOT))
 
@@ -29,7 +30,7 @@ HEADER = ("| model | what | ours | paper | source | rel. diff | within paper rou
 
 
 class PaperCountError(ValueError):
-    """An entry cannot be built or counted, or the README lacks the markers; the message says which."""
+    """An entry cannot be built or counted, or the page lacks the markers; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -108,40 +109,40 @@ def render(rows: list[Row]) -> str:
     return HEADER + "\n".join(lines) + ("\n" if lines else "")
 
 
-def splice(readme: str, table: str) -> str:
-    """README text with the part between the markers replaced by `table`."""
-    if readme.count(START) != 1 or readme.count(END) != 1 or readme.index(START) > readme.index(END):
+def splice(text: str, table: str) -> str:
+    """The page's text with the part between the markers replaced by `table`."""
+    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
         raise PaperCountError(f"expected one {START} line followed by one {END} line")
-    head, rest = readme.split(START)
+    head, rest = text.split(START)
     _, tail = rest.split(END)
     return f"{head}{START}\n{table}{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    ap.add_argument("--check", action="store_true", help="only report whether the README table is up to date")
+    ap.add_argument("--page", type=Path, default=PAGE, help="the page holding the table (default: docs/papers.md)")
+    ap.add_argument("--check", action="store_true", help="only report whether the page's table is up to date")
     args = ap.parse_args(argv)
     try:
         rows = all_rows()
-        readme = args.readme.read_text()
-        new = splice(readme, render(rows))
+        text = args.page.read_text()
+        new = splice(text, render(rows))
     except PaperCountError as e:
-        where = f"{args.readme}: " if "paper-counts" in str(e) else ""
+        where = f"{args.page}: " if "paper-counts" in str(e) else ""
         print(f"paper_counts: {where}{e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"paper_counts: {args.readme}: {e.strerror or e}", file=sys.stderr)
+        print(f"paper_counts: {args.page}: {e.strerror or e}", file=sys.stderr)
         return 2
     if args.check:
-        if new != readme:
-            print(f"paper_counts: {args.readme} is out of date; run python scripts/paper_counts.py", file=sys.stderr)
+        if new != text:
+            print(f"paper_counts: {args.page} is out of date; run python scripts/paper_counts.py", file=sys.stderr)
             return 1
         return 0
-    if new != readme:
-        tmp = args.readme.with_name(args.readme.name + ".tmp")
+    if new != text:
+        tmp = args.page.with_name(args.page.name + ".tmp")
         tmp.write_text(new)
-        tmp.replace(args.readme)  # all or nothing
+        tmp.replace(args.page)  # all or nothing
     sys.stdout.write(render(rows))
     return 0
 
