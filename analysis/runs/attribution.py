@@ -13,6 +13,10 @@ parameter and other module shared, as torch's data-parallel replicas do). Nothin
 registered on the shared model, and captum removes its own hooks from the stand-in in a
 `finally`. No gradients are accumulated on parameters (captum uses torch.autograd.grad).
 
+Both attributions take `stop` (a callable, e.g. a threading.Event's is_set) and raise `Stopped`
+before the next forward once it is true, and `progress(done, total)`: a long run on a thread of its
+own can be shown and cancelled between forwards (IG: between captum's internal batches).
+
 `PathAttribution(model).attribute(ids, p, token, method=...)`: contribution of each (layer,
 option) - or of each option index across all layers (scope="global") - to the same log-prob:
 - "ablation": exact, f(all options) - f(all but this option): the log-prob the option adds.
@@ -75,6 +79,10 @@ def _target_token(model: Any, ids: torch.Tensor, p: int, target_token: int | Non
 
 def _log_prob(logits: torch.Tensor, p: int, token: int) -> torch.Tensor:
     return torch.log_softmax(logits[:, p].float(), dim=-1)[:, token]  # (B,)
+
+
+class Stopped(Exception):
+    """An attribution stopped on request before it finished (nothing is kept of it)."""
 
 
 # --- token attribution (layer integrated gradients) -------------------------------------------
@@ -153,9 +161,12 @@ class TokenAttribution:
 
     def attribute(self, input_ids: Any, target_position: int | None = None, target_token: int | None = None, *,
                   n_steps: int = 64, baseline: str = "pad", method: str = "gausslegendre",
-                  internal_batch_size: int | None = None) -> TokenAttributionResult:
+                  internal_batch_size: int | None = None, progress: Callable[[int, int], None] | None = None,
+                  stop: Callable[[], bool] | None = None) -> TokenAttributionResult:
         """Attribute log p(target_token) at `target_position` (default: the last position; the
-        token defaults to the model's top-1 there) to every input token up to that position."""
+        token defaults to the model's top-1 there) to every input token up to that position.
+        `progress(done, n_steps)` after each of captum's batches (`internal_batch_size` steps each; one
+        batch of every step when None); `Stopped` before the next batch once `stop()` is true."""
         from captum.attr import LayerIntegratedGradients  # heavy: loaded when an attribution runs
 
         if baseline not in BASELINES:
@@ -173,13 +184,19 @@ class TokenAttribution:
                 else torch.zeros(inner.embedding_dim, dtype=inner.weight.dtype, device=device)
         stand_in = _BlendedEmbedding(inner, base_vec)
         replica = replica_with(self.model, self.embed_path, stand_in)
+        done = [0]  # integration steps evaluated so far (captum's batches)
 
         def forward(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            if stop is not None and stop():
+                raise Stopped(f"stopped after {done[0]} of {n_steps} integration steps")
             stand_in.scale = scale.view(-1, 1, 1)
             try:
                 return _log_prob(replica(x).logits, p, token)
             finally:
                 stand_in.scale = None
+                if torch.is_grad_enabled() and progress is not None:  # captum's batches (the end points: no grad)
+                    done[0] = min(n_steps, done[0] + scale.shape[0])
+                    progress(done[0], n_steps)
 
         lig = LayerIntegratedGradients(forward, stand_in)
         one, zero = torch.ones(1, 1, device=device), torch.zeros(1, 1, device=device)
@@ -235,10 +252,6 @@ def judge_convergence(deltas: Mapping[int, float], total: float) -> str | None:
 
 # --- path attribution (ablation, Shapley) ------------------------------------------------------
 
-class Stopped(Exception):
-    """An attribution stopped on request before it finished (nothing is kept of it)."""
-
-
 class PathAttribution:
     """Contribution of routing options (paths, blocks, experts, streams, pathways) to one
     next-token log-prob, by exact ablation or Shapley value sampling over option masks."""
@@ -274,12 +287,14 @@ class PathAttribution:
         return Ablation(drop=tuple(sorted(drop)), below_top_k=True)  # a coalition may keep fewer than top-k
 
     def _objective(self, ids: torch.Tensor, p: int, token: int, routing: str, seed: int,
-                   feats: list[tuple[str, int]]) -> Callable[[list[bool]], float]:
+                   feats: list[tuple[str, int]], stop: Callable[[], bool] | None) -> Callable[[list[bool]], float]:
         memo: dict[tuple[bool, ...], float] = {}
 
         def f(kept: list[bool]) -> float:
             key = tuple(kept)
             if key not in memo:
+                if stop is not None and stop():
+                    raise Stopped(f"stopped after {len(memo)} forwards")
                 gen = torch.Generator().manual_seed(seed)
                 with torch.no_grad():
                     out = self.model(ids, ablation=self.ablation_for(kept, feats), routing=routing, generator=gen)
@@ -294,9 +309,10 @@ class PathAttribution:
                   stop: Callable[[], bool] | None = None, ablations_per_forward: int = 16) -> pd.DataFrame:
         """One row per feature: layer ("*" for global scope), option, method, contribution to
         log p(target_token) at target_position, the full model's log-prob, and the reference
-        log-prob (ablation: without the option; shapley: the all-masked baseline). Exact ablation
-        calls `progress(done, total)` after each forward and raises `Stopped` as soon as `stop()`
-        is true. Where the family lets rows of one call carry different ablations (transformers MoE
+        log-prob (ablation: without the option; shapley: the all-masked baseline). Both call
+        `progress(done, total)` (exact ablation: options ablated; Shapley: captum's evaluations,
+        1 + n_samples x features) and raise `Stopped` before the next forward once `stop()` is
+        true. Where the family lets rows of one call carry different ablations (transformers MoE
         models), exact ablation runs up to `ablations_per_forward` of them in one forward (thousands
         of experts: about 5x faster on a CPU at a 21-token prompt, olmoe-tiny); the log-probs equal
         the one-at-a-time forwards to float32 rounding (a batched matmul sums in another order)."""
@@ -309,7 +325,8 @@ class PathAttribution:
         ids = ids[:, : p + 1]
         token = _target_token(self.model, ids, p, target_token)
         feats = self.features(scope)
-        f = self._objective(ids, p, token, routing, seed, feats)
+        # Shapley's forwards come from captum: its objective checks `stop`; exact ablation's loop checks it
+        f = self._objective(ids, p, token, routing, seed, feats, stop if method == "shapley" else None)
         full = f([True] * len(feats))
         if method == "ablation":
             rows = self._rows_per_forward(ids, routing, ablations_per_forward)
@@ -333,7 +350,16 @@ class PathAttribution:
             if n_samples < 1:
                 raise ValueError(f"n_samples = {n_samples}: must be >= 1")
             gen = torch.Generator().manual_seed(seed)
-            svs = ShapleyValueSampling(lambda mask: torch.tensor([f((mask[0] > 0.5).tolist())]))
+            evals, total = [0], 1 + n_samples * len(feats)  # captum: the baseline, then each feature per sample
+
+            def value(mask: torch.Tensor) -> torch.Tensor:
+                out = torch.tensor([f((mask[0] > 0.5).tolist())])
+                evals[0] += 1
+                if progress is not None:
+                    progress(min(evals[0], total), total)
+                return out
+
+            svs = ShapleyValueSampling(value)
             svs.permutation_generator = lambda n, k: (torch.randperm(n, generator=gen).tolist() for _ in range(k))
             phi = svs.attribute(torch.ones(1, len(feats)), baselines=torch.zeros(1, len(feats)),
                                 n_samples=n_samples, perturbations_per_eval=1)
