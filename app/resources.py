@@ -14,7 +14,6 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from routescope.analysis.runs.attribution import PathAttribution, TokenAttribution
 from routescope.analysis.runs.effects import ablation_effects
 from routescope.analysis.environment import app_threads, device_setting, max_upload_bytes, placement_setting
 from routescope.analysis.runs.session import RunSettings, run_prompt, run_table
@@ -108,36 +107,6 @@ def usage(path: str, mtime: float, ids: tuple[int, ...]):
     """Picks per option of the unablated model on these tokens: what "top N" specs rank by."""
     model, _ = load(path, mtime)
     return run_usage(model, [list(ids)])
-
-
-@st.cache_resource(max_entries=64, show_spinner="Attributing…")
-def token_attribution(path: str, mtime: float, ids: tuple[int, ...], position: int, token: int, n_steps: int = 64):
-    model, _ = load(path, mtime)
-    return TokenAttribution(model).attribute(list(ids), position, token, n_steps=n_steps)
-
-
-@st.cache_resource(show_spinner=False)
-def _path_attributions() -> dict:
-    """Finished path attributions by (checkpoint, mtime, ids, position, token, method), shared by every
-    session (the newest PATH_ATTRIBUTIONS kept): computed outside st.cache so a long one can report
-    progress and be stopped, and a stopped one is never cached."""
-    return {}
-
-
-PATH_ATTRIBUTIONS = 64
-
-
-def path_attribution(path: str, mtime: float, ids: tuple[int, ...], position: int, token: int, method: str,
-                     progress=None, stop=None):
-    key = (path, mtime, ids, position, token, method)
-    done = _path_attributions()
-    if key not in done:
-        model, _ = load(path, mtime)
-        df = PathAttribution(model).attribute(list(ids), position, token, method=method, progress=progress, stop=stop)
-        while len(done) >= PATH_ATTRIBUTIONS:
-            done.pop(next(iter(done)))
-        done[key] = df
-    return done[key]
 
 
 class UploadRejected(ValueError):
