@@ -24,5 +24,6 @@ def test_mkdocs_build_strict(tmp_path):
     # every `rs` name has its entry, read from its module's docstrings (the namespace's own table)
     missing = [f"rs.{name}" for name, (module, attr) in routescope._LAZY.items() if f'id="{module}.{attr}"' not in api]
     assert not missing, f"docs/api.md documents no {', '.join(missing)}"
-    for view in ("routing", "generation", "ablation_diff", "attribution", "table6", "corpus", "experts", "export"):
+    for view in ("routing", "routing_128x24", "generation", "ablation_diff", "attribution", "table6", "corpus", "experts",
+                 "export"):
         assert (site / "images" / f"{view}.png").is_file(), view

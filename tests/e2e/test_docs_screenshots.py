@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from test_browser import ROOT, _caption_shows, _idle, _pick, _ready
+from test_browser_hf import MODEL_SHOWN
 
 pytestmark = pytest.mark.e2e
 
@@ -120,4 +121,24 @@ def test_every_view_is_photographed_for_the_docs(app_url, browser, tmp_path):
     page.get_by_role("button", name="Measure expert importance").click()
     page.wait_for_function(CHARTS_DRAWN, arg=3, timeout=600_000, polling=500)
     _shot(page, "experts", page.locator(".js-plotly-plot").first)
+    context.close()
+
+
+def test_the_routing_view_at_128_experts_is_photographed_for_the_docs(extra_checkpoint, app_url, browser):
+    """docs/images/routing_128x24.png: the Routing view of a random Qwen3-MoE with 128 experts x 24
+    layers, top-8 (tests/scale_models.py, as test_browser_scale builds it): a token x expert matrix
+    per layer instead of the categorical grid."""
+    pytest.importorskip("transformers")
+    from scale_models import scale_moe
+
+    name = "qwen3-moe-128x24"
+    extra_checkpoint(name, lambda p: scale_moe(p, experts=128, layers=24))
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.goto(app_url)
+    _ready(page, "updated in")
+    _pick(page, name)
+    page.wait_for_function(MODEL_SHOWN, arg=name, timeout=300_000)
+    page.wait_for_function(CHARTS_DRAWN, arg=1, timeout=60_000)
+    _shot(page, "routing_128x24", page.locator(".js-plotly-plot").first)
     context.close()
