@@ -6,6 +6,7 @@ full run does, counted from the model's config and the method (not from the code
 from __future__ import annotations
 
 import json
+import re
 import math
 import threading
 import time
@@ -143,3 +144,35 @@ def test_a_cancelled_job_stops_within_a_forward_and_keeps_nothing():
                                                                              progress=progress, stop=stop), store)
     assert again.finished.wait(60) and not again.stopped and store.get(spec) is again.result
     assert len(again.result) == n and again.done == again.total == n
+
+
+def test_the_view_shows_progress_and_cancel_stops_it_with_one_line():
+    """AppTest: Shapley sampling over olmoe-tiny's 64 experts (1,601 evaluations, seconds) runs as the
+    session's job with its progress and a Cancel button; Cancel leaves one "Cancelled" line and no chart
+    or table; Attribute runs it again; changing the method stops that run too."""
+    from app_driver import fresh, pick, view
+    from routescope.app import state as K
+    from routescope.app.views import attribution as V
+
+    at = view(pick(fresh(), "olmoe-tiny"), "Attribution")
+    at.radio(key=K.ATTR_METHOD).set_value("Shapley value sampling (paths)").run()
+    at.button(key="attr_go").click().run()
+    assert not at.exception
+    job = at.session_state[V.JOB]
+    assert job.running, "finished before it could be cancelled"
+    assert any("Cancel stops it" in c.value for c in at.caption)
+    at.button(key=V.CANCEL).click().run()
+    assert not at.exception and not job.running and job.stopped
+    (line,) = [i.value for i in at.info if i.value.startswith("Cancelled")]
+    done, total = (int(x.replace(",", "")) for x in re.match(r"Cancelled after ([\d,]+) of ([\d,]+) coalitions",
+                                                              line).groups())
+    assert total == 1 + 25 * 64 and done < total  # captum's evaluations at 25 samples
+    assert not at.dataframe and not at.get("plotly_chart")
+    at.run()  # the line stays on the next rerun, the table still absent
+    assert [i.value for i in at.info if i.value.startswith("Cancelled")] == [line] and not at.dataframe
+
+    at.button(key="attr_go").click().run()  # runs it again: a new job
+    again = at.session_state[V.JOB]
+    assert again is not job and again.running and not any(i.value.startswith("Cancelled") for i in at.info)
+    at.radio(key=K.ATTR_METHOD).set_value("exact ablation (paths)").run()  # another method: nobody waits for it
+    assert again.finished.wait(10) and again.stopped
