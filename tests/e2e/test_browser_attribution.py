@@ -52,7 +52,7 @@ def test_cancel_stops_an_exact_ablation_attribution(wide_root, app_url, browser)
     print(f"\n{NAME}: Cancel to the page saying it stopped: {seconds:.2f} s ({done:,} of {total:,} options ablated)")
     page.screenshot(path=str(ARTIFACTS / "attribution_cancel_stopped.png"), full_page=False)
     assert total == OPTIONS and 0 < done < total  # stopped, not run to its end
-    assert seconds < 30  # generous (the whole run takes about 16 s on 2 busy cores here): done < total is the proof
+    assert seconds < 30  # generous (the whole run: 8 s alone, about 16 s in the busy app): done < total is the proof
     _idle(page)
     assert cancel.count() == 0
     assert page.evaluate("() => ![...document.querySelectorAll('.js-plotly-plot')].some(p => "
