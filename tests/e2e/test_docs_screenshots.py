@@ -1,11 +1,14 @@
 """The documentation's screenshots, taken from the running app (never by hand): each view of the
-explorer in Chromium at 1600 x 1000, saved as docs/images/<view>.png (overwriting the last ones), which
-docs/views.md and the README show. Each shot waits until its view has drawn what it is for, so a view
-that stops drawing fails here instead of leaving a stale picture in the docs.
+explorer in Chromium at 1600 x 1000, which docs/views.md and the README show. Each shot waits until its
+view has drawn what it is for, so a view that stops drawing fails here instead of leaving a stale
+picture in the docs. The suite saves them in a temporary folder (a test run leaves the checkout as it
+was); with ROUTESCOPE_DOCS_SHOTS=1 they replace docs/images/<view>.png:
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m pytest --full -q tests/e2e/test_docs_screenshots.py
+    ROUTESCOPE_DOCS_SHOTS=1 OMP_NUM_THREADS=1 .venv/bin/python -m pytest --full -q tests/e2e/test_docs_screenshots.py
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -14,7 +17,7 @@ from test_browser_hf import MODEL_SHOWN
 
 pytestmark = pytest.mark.e2e
 
-IMAGES = ROOT / "docs" / "images"
+DOCS_IMAGES = ROOT / "docs" / "images"
 VIEWPORT = {"width": 1600, "height": 1000}
 PROMPT = "Once upon a time, there was a little girl named Lily. Solve for x: 3x + 5 = 20."
 PAINTED = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
@@ -42,6 +45,18 @@ def _shot(page, name: str, scroll_to=None) -> None:
     IMAGES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(IMAGES / f"{name}.png"))
     assert (IMAGES / f"{name}.png").stat().st_size > 10_000  # a picture of something, not a blank page
+
+
+IMAGES = DOCS_IMAGES
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _images_folder(tmp_path_factory):
+    """Where the shots go: the docs' folder only when asked (ROUTESCOPE_DOCS_SHOTS=1), else a temporary one."""
+    global IMAGES
+    IMAGES = DOCS_IMAGES if os.environ.get("ROUTESCOPE_DOCS_SHOTS") == "1" else tmp_path_factory.mktemp("docs-shots")
+    yield
+    IMAGES = DOCS_IMAGES
 
 
 def test_every_view_is_photographed_for_the_docs(app_url, browser, tmp_path):
