@@ -43,11 +43,9 @@ def wide_root(extra_checkpoint):
     return extra_checkpoint("olmoe-128x4", _olmoe_128x4).parent
 
 
-@pytest.mark.parametrize("name, tokens, draws", [("olmoe-tiny", "2000", "8"), ("olmoe-128x4", "200", "2")])
-def test_experts_view_measures_and_draws(wide_root, app_url, browser, tmp_path, name, tokens, draws):
-    data = tmp_path / "texts.txt"
-    data.write_text(TEXT, encoding="utf-8")
-    page = browser.new_page(viewport={"width": 1500, "height": 2600})
+def experts_on_file(page, app_url: str, name: str, data, tokens: str, draws: str) -> None:
+    """Open checkpoint `name`'s Experts view on the server file `data`, with its Tokens and Control
+    draws set (the docs' screenshot test takes the same steps)."""
     page.goto(app_url)
     _ready(page, "updated in")
     _pick(page, name)
@@ -64,6 +62,14 @@ def test_experts_view_measures_and_draws(wide_root, app_url, browser, tmp_path, 
         box.fill(value)
         box.press("Enter")
         _idle(page)
+
+
+@pytest.mark.parametrize("name, tokens, draws", [("olmoe-tiny", "2000", "8"), ("olmoe-128x4", "200", "2")])
+def test_experts_view_measures_and_draws(wide_root, app_url, browser, tmp_path, name, tokens, draws):
+    data = tmp_path / "texts.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1500, "height": 2600})
+    experts_on_file(page, app_url, name, data, tokens, draws)
     page.get_by_role("button", name="Measure expert importance").click()
     page.get_by_text("Dropping experts one at a time").first.wait_for(timeout=60_000)
     page.screenshot(path=str(ARTIFACTS / f"experts_{name}_progress.png"))

@@ -13,6 +13,7 @@ import os
 import pytest
 
 from test_browser import ROOT, _caption_shows, _idle, _pick, _ready
+from test_browser_experts import experts_on_file
 from test_browser_hf import MODEL_SHOWN
 
 pytestmark = pytest.mark.e2e
@@ -117,22 +118,7 @@ def test_every_view_is_photographed_for_the_docs(app_url, browser, tmp_path):
     data.write_text(EXPERTS_TEXT, encoding="utf-8")
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
-    page.goto(app_url)
-    _ready(page, "updated in")
-    _pick(page, "olmoe-tiny")
-    _view(page, "Experts")
-    _ready(page, "Shipped dataset")
-    page.get_by_text("File on the server", exact=True).click()
-    _idle(page)
-    path = page.get_by_role("textbox", name="Path on the server")
-    path.fill(str(data))
-    path.press("Enter")
-    _idle(page)
-    for label, value in (("Tokens", "500"), ("Control draws", "4")):
-        field = page.get_by_role("spinbutton", name=label, exact=True)
-        field.fill(value)
-        field.press("Enter")
-        _idle(page)
+    experts_on_file(page, app_url, "olmoe-tiny", data, "500", "4")
     page.get_by_role("button", name="Measure expert importance").click()
     page.wait_for_function(CHARTS_DRAWN, arg=3, timeout=600_000, polling=500)
     _shot(page, "experts", page.locator(".js-plotly-plot").first)
