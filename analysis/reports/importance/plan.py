@@ -26,7 +26,10 @@ class ImportanceSettings:
     `max_tokens`: tokens taken from the dataset in row order (None: all; each row at most the
     model's context). `method`: "fast" (prefix reuse and batched ablations where the model has
     them) or "naive" (one full forward per ablation). `prune_max`: largest N of the pruning curve
-    (None: half the routed experts; 0: no curve)."""
+    (None: half the routed experts; 0: no curve). `holdout`: the share of rows that judge pruning and
+    merging (seeded split; the others rank the experts; `holdout` module); `in_sample_curve`: the
+    curve on the ranking rows too, labelled in-sample; `merge_max`: largest N of the merge curve
+    (0: none)."""
 
     layers: tuple[str, ...] | None = None
     options: tuple[int, ...] | None = None
@@ -40,6 +43,9 @@ class ImportanceSettings:
     seed: int = 0
     method: str = "fast"
     float32: bool = True
+    holdout: float = 0.5
+    in_sample_curve: bool = False
+    merge_max: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -54,6 +60,10 @@ class ImportanceSettings:
             raise ValueError(f"max_tokens = {self.max_tokens}: must be >= 2 (one predicted position)")
         if self.prune_max is not None and self.prune_max < 0:
             raise ValueError(f"prune_max = {self.prune_max}: must be >= 0")
+        if not 0 < self.holdout < 1:
+            raise ValueError(f"holdout = {self.holdout}: the held-out share of rows lies between 0 and 1")
+        if self.merge_max < 0:
+            raise ValueError(f"merge_max = {self.merge_max}: must be >= 0")
 
 
 @dataclass
