@@ -80,6 +80,9 @@ def train(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     help="e.g. story=0,math=1: for the first --domain-route-steps steps each token takes its "
                          "document's domain option in every parallel layer")
     tr.add_argument("--domain-route-steps", type=O.nonnegative_int, default=0, metavar="K")
+    tr.add_argument("--snapshots", default="", metavar="STEP[,STEP...]",
+                    help="e.g. 50,100,200,400,1000: keep a checkpoint at each of these steps (and the last); "
+                         "--out is then a run directory of step-NNNN snapshots with one shared tokenizer")
     tr.add_argument("--no-resume", action="store_true")
     tr.add_argument("--quiet", action="store_true")
     tr.set_defaults(argv=None)  # in-process callers give theirs (the checkpoint card's command)

@@ -46,6 +46,19 @@ def parse_domain_routes(spec: str) -> dict[str, int]:
         raise ValueError(f"--domain-routes {spec!r}: expected DOMAIN=OPTION[,DOMAIN=OPTION], e.g. story=0,math=1") from None
 
 
+def parse_snapshots(spec: str) -> list[int]:
+    """"50,100,200" -> [50, 100, 200]; "" -> []."""
+    if not spec:
+        return []
+    try:
+        steps = [int(part) for part in spec.split(",")]
+    except ValueError:
+        steps = []
+    if not steps or min(steps) < 1:
+        raise ValueError(f"--snapshots {spec!r}: expected steps > 0, e.g. 50,100,200,400,1000")
+    return steps
+
+
 def run(args: argparse.Namespace) -> int:
     c = TrainConfig(preset=args.preset, overrides=parse_sets(args.set), data=parse_data(args.data),
                     steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
@@ -55,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
                     domain_routes=parse_domain_routes(args.domain_routes), domain_route_steps=args.domain_route_steps)
     tok = load_tokenizer_file(args.tokenizer)
     command = "routescope " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
-    summary = train(c, tok, args.out, command=command, resume=not args.no_resume, progress=not args.quiet)
+    summary = train(c, tok, args.out, command=command, resume=not args.no_resume, progress=not args.quiet,
+                    snapshots=parse_snapshots(args.snapshots))
     write_json({k: summary[k] for k in ("steps", "tokens", "wall_seconds", "val_loss")}, indent=None)
     return 0

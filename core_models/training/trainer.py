@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,9 +242,16 @@ def make_optimizer(model: RouteScopeLM, c: TrainConfig) -> torch.optim.AdamW:
 
 
 def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "", resume: bool = True,
-          progress: bool = True) -> dict[str, Any]:
-    """Train, write the checkpoint directory `out`, and return the run's measured summary."""
+          progress: bool = True, snapshots: Sequence[int] = ()) -> dict[str, Any]:
+    """Train, write the checkpoint directory `out`, and return the run's measured summary.
+
+    With `snapshots` (steps in 1..c.steps) `out` is a run directory instead: a checkpoint (with a card
+    giving its step and validation loss) at each of those steps and at the last one, `out/step-NNNN/`,
+    one shared `out/tokenizer.json`, the run's summary `out/run.json` and a card `out/README.md`."""
     out = Path(out)
+    snapshots = sorted(set(snapshots))
+    if snapshots and not 1 <= snapshots[0] <= snapshots[-1] <= c.steps:
+        raise ValueError(f"snapshots {snapshots}: steps must be within 1 .. steps ({c.steps})")
     state_dir = out.with_name(out.name + ".train_state")
     torch.manual_seed(c.seed)
     if c.init_from:  # a composed (or earlier) checkpoint brings its own config
@@ -285,7 +293,7 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{meta['tokens'] / max(elapsed, 1e-9):.0f}")
         last = step == c.steps or step == c.stop_after or (c.max_minutes and elapsed > 60 * c.max_minutes)
-        if step % c.eval_every == 0 or last:
+        if step % c.eval_every == 0 or last or step in snapshots:
             losses = evaluate(model, val)
             aux = {f"train_aux_{k}": v.item() for k, v in res.aux.items()}  # unweighted routing terms
             meta["history"].append({"step": step, "train_loss": loss.item(), **aux,
@@ -294,23 +302,64 @@ def train(c: TrainConfig, tokenizer, out: str | os.PathLike, *, command: str = "
             meta.update(step=step, docs_done=stream.docs_done, leftover=stream.buffer,
                         leftover_domains=stream.buffer_domains, elapsed=elapsed)
             _save_state(state_dir, model, opt, meta)
+            if snapshots and (step in snapshots or last):
+                _write_snapshot(model, out, _summary(c, model, meta, step, losses, command), step)
         if last:
             break
     bar.close()
     _set_frozen(model, frozen, False)
     final = evaluate(model, val)
-    summary = {"preset": c.preset, "steps": step, "tokens": meta["tokens"], "wall_seconds": round(meta["elapsed"], 1),
-               "val_loss": final, "val_ppl": {d: math.exp(v) for d, v in final.items()},
-               "params_total": model.num_params(), "params_active": model.active_params(),
-               **({"format": model.checkpoint_format} if model.checkpoint_format else {}),
-               "train": asdict(c), "history": meta["history"], "command": command,
-               **({"init_command": init} if (init := _init_command(c.init_from)) else {})}
+    summary = _summary(c, model, meta, step, final, command)
     model.eval()
-    save_checkpoint(model, out, tokenizer=tokenizer,
-                    card=model_card(out.name, summary, asdict(model.config), STORAGE, _machine()))
-    (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if snapshots:  # the last snapshot is the final model: the run directory gets the shared files
+        out.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(out / "tokenizer.json"))
+        kept = sorted(p.name for p in out.glob("step-*") if (p / "config.json").is_file())
+        (out / RUN_RECORD).write_text(json.dumps({**summary, "snapshots": kept}, indent=1) + "\n")
+        (out / "README.md").write_text(_run_card(out.name, summary, asdict(model.config), kept))
+    else:
+        save_checkpoint(model, out, tokenizer=tokenizer,
+                        card=model_card(out.name, summary, asdict(model.config), STORAGE, _machine()))
+        (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     shutil.rmtree(state_dir, ignore_errors=True)
     return summary
+
+
+SNAPSHOT_NAME = "step-{:04d}"  # a snapshot's directory in a run directory (train(snapshots=...))
+RUN_RECORD = "run.json"  # a run directory's summary: not training.json, as no checkpoint sits at its top
+
+
+def _summary(c: TrainConfig, model, meta: dict, step: int, losses: dict[str, float], command: str) -> dict[str, Any]:
+    return {"preset": c.preset, "steps": step, "tokens": meta["tokens"], "wall_seconds": round(meta["elapsed"], 1),
+            "val_loss": losses, "val_ppl": {d: math.exp(v) for d, v in losses.items()},
+            "params_total": model.num_params(), "params_active": model.active_params(),
+            **({"format": model.checkpoint_format} if model.checkpoint_format else {}),
+            "train": asdict(c), "history": list(meta["history"]), "command": command,
+            **({"init_command": init} if (init := _init_command(c.init_from)) else {})}
+
+
+def _write_snapshot(model, out: Path, s: dict[str, Any], step: int) -> None:
+    """out/step-NNNN: the weights at `step` (a copy in the storage dtype; the training model is not
+    touched) with a card giving the step and its validation loss."""
+    name = SNAPSHOT_NAME.format(step)
+    s = {**s, "snapshot": True}
+    save_checkpoint(model, out / name, card=model_card(f"{out.name}/{name}", s, asdict(model.config), STORAGE,
+                                                       _machine()))
+
+
+def _run_card(name: str, s: dict[str, Any], config: dict[str, Any], kept: list[str]) -> str:
+    """The run directory's card: its snapshots with their validation losses, then the final model's card."""
+    val = {h["step"]: h for h in s["history"]}
+    domains = list(s["val_loss"])
+    rows = "\n".join(f"| [{k}]({k}/README.md) | {int(k[5:])} | "
+                     + " | ".join(f"{val[int(k[5:])].get('val_' + d, float('nan')):.4f}" for d in domains) + " |"
+                     for k in kept)
+    card = model_card(name, s, config, STORAGE, _machine())
+    head, _, rest = card.partition("\n\n")
+    return (f"{head}\n\nSnapshots of one training run, kept along the way (`--snapshots`): each `step-NNNN` is a "
+            "checkpoint of its own with a card giving its step and validation loss; they share the tokenizer "
+            f"`tokenizer.json` here.\n\n| snapshot | step | {' | '.join('val ' + d for d in domains)} |\n"
+            f"|---|---|{'---|' * len(domains)}\n{rows}\n\nThe last snapshot is the run's final model:\n\n{rest}")
 
 
 def _init_note(init_from: str | None) -> str:
@@ -361,7 +410,7 @@ def _reproduce(s: dict[str, Any]) -> str:
     """The commands that rebuild the checkpoint: compose first for a composition; a run that stopped on
     its wall-clock cap is given with the step count it reached as the cap instead."""
     t, command = s["train"], s["command"]
-    if s["steps"] < t["steps"] and "--max-minutes" in command:
+    if s["steps"] < t["steps"] and "--max-minutes" in command and not s.get("snapshot"):
         command = re.sub(r"--max-minutes \S+", "--max-minutes 0", command)
         command = re.sub(r"( --max-minutes 0)(.*)\1", r"\1\2", command)  # the flag given twice: once
         command += f" --stop-after {s['steps']}"
@@ -371,6 +420,13 @@ def _reproduce(s: dict[str, Any]) -> str:
         note = ""
     init = f"{s['init_command']}\n" if s.get("init_command") else ""
     return f"{note}```\n{init}{command}\n```"
+
+
+def _snapshot_line(s: dict[str, Any]) -> str:
+    if not s.get("snapshot"):
+        return ""
+    return (f"- snapshot: step {s['steps']} of a {s['train']['steps']}-step run, kept along the way (`--snapshots`); "
+            "the tokenizer is the run directory's `../tokenizer.json`\n")
 
 
 def _recipe_lines(t: dict[str, Any], init_note: str | None = None) -> str:
@@ -406,7 +462,7 @@ RouteScope checkpoint, preset `{s['preset']}`{' (initialised from ' + t['init_fr
 - parameters: {s['params_total']:,} total, {s['params_active']:,} active per token
 - weights: stored in {storage} (model.safetensors); trained in float32
 - optimiser: AdamW (0.9, 0.95), weight decay {t['weight_decay']}, lr {t['lr']} -> {t['min_lr']} cosine, warm-up {t['warmup']}, clip {t['grad_clip']}
-{_model_lines(config or {})}{_recipe_lines(t, init_note)}
+{_snapshot_line(s)}{_model_lines(config or {})}{_recipe_lines(t, init_note)}
 ## Validation (fixed split, {t['eval_docs']} documents per domain)
 
 | domain | loss | perplexity |
