@@ -118,8 +118,11 @@ def _first_layer(model: Any, ab: Ablation) -> str:
 
 def measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations: Sequence[Ablation],
                    settings: ImportanceSettings, fast: bool, stop: Callable[[], bool] | None,
-                   on_prefix: Callable[[Any, Any], None] | None = None) -> tuple[np.ndarray, list]:
-    """(unablated NLL per row, [(d_nll, kl, flips) per row for each ablation]) of one batch."""
+                   on_prefix: Callable[[Any, Any], None] | None = None,
+                   tick: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, list]:
+    """(unablated NLL per row, [(d_nll, kl, flips) per row for each ablation]) of one batch.
+    `tick(forwards done, forwards of the batch)` after each ablated forward: a batch of a 128 x 24
+    model is 3,072 forwards (78 s on a CPU), too long to wait for a first progress report."""
     x = x.to(model.device)
     R = x.shape[0]
     prefix = model.capture(x) if model.can_resume else None
@@ -139,6 +142,7 @@ def measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations:
         groups: dict[str, list[int]] = {}
         for j, ab in enumerate(ablations):
             groups.setdefault(_first_layer(model, ab), []).append(j)
+        n_forwards, k = sum(-(-len(js) // per) for js in groups.values()), 0
         for layer, js in groups.items():
             for s in range(0, len(js), per):
                 if stop is not None and stop():
@@ -147,11 +151,16 @@ def measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations:
                 hidden = model.resume(prefix, layer, [ablations[j] for j in part for _ in range(R)], head=False)
                 for i, j in enumerate(part):
                     out[j] = pos.effects_of_hidden(hidden[i * R:(i + 1) * R])
+                k += 1
+                if tick is not None:
+                    tick(k, n_forwards)
     else:
         for j, ab in enumerate(ablations):
             if stop is not None and stop():
                 raise Stopped()
             out[j] = pos.effects(model(x, ablation=ab).logits)
+            if tick is not None:
+                tick(j + 1, len(ablations))
     return pos.per_row(pos.nll), out
 
 

@@ -43,7 +43,10 @@ def measure(model: Any, tokens: Tokens, ablations: Sequence[Ablation], settings:
         if not ablations:
             sums.done[:] = True
     else:
-        results = ((rows, *measure_batch(model, x, lengths, ablations, settings, fast, stop, on_prefix))
+        # within a batch, progress in fractions of its rows (one report per forward: `measure_batch`)
+        results = ((rows, *measure_batch(model, x, lengths, ablations, settings, fast, stop, on_prefix,
+                                         tick=None if progress is None else
+                                         lambda i, n, r=len(rows): progress(done + r * i / n, total)))
                    for rows, x, lengths in todo)
     saved = time.monotonic()
     try:
@@ -117,7 +120,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
                stop: Callable[[], bool] | None = None, engine: str = "local", checkpoint: str | Path | None = None,
                workers: int = 2) -> ImportanceResult:
     """Every table of the sweep (package doc): importance, control, control_summary, proxies,
-    proxy_agreement, pruning, pruning_curve. `progress(done, total)` counts rows x passes; `stop()`
+    proxy_agreement, pruning, pruning_curve. `progress(done, total)` counts rows x passes (a batch's rows
+    in fractions as its forwards finish); `stop()`
     True ends with `corpus_run.Stopped`; `cache_dir` keeps measured rows so a rerun resumes.
     `engine="ray"`: the batches of rows are measured by `workers` Ray actors, each loading
     `checkpoint` itself (`on_ray`), with the same cache, progress and stop as one process and the

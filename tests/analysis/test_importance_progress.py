@@ -1,0 +1,48 @@
+"""The sweep's progress reports every ablated forward, not only every batch of rows (at 128 experts x
+24 layers a batch is 3,072 forwards, 78 s on a CPU, too long to wait for a first report): each
+forward (one `stop()` check before it) is followed by a report, the reports never go back, the
+first lies inside the first batch and the last is the total; the numbers are those of a run
+without progress."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from routescope.analysis.inputs import datasets as D
+from routescope.analysis.reports.importance import ImportanceSettings, importance
+from routescope.core_models.checkpoint import load_checkpoint
+
+pytest.importorskip("transformers")
+
+CK = Path(__file__).resolve().parents[2] / "checkpoints"
+TEXTS = ["Once upon a time, there was a little girl named Lily.", "Solve this problem: 3x + 5 = 20.",
+         "One day a little boy went to the park.", "Find the largest prime below fifty.", "The cat sat."]
+
+
+@pytest.mark.parametrize("name, method", [("olmoe-tiny", "fast"), ("mixtral-tiny", "naive")])
+def test_progress_after_every_forward(name, method):
+    model, tok = load_checkpoint(CK / name)
+    data = D.rows_corpus("t", [D.CorpusRow(str(i), t, ()) for i, t in enumerate(TEXTS)], [])
+    settings = ImportanceSettings(batch_size=2, control_draws=1, prune_draws=1, prune_max=1, method=method,
+                                  layers=None)
+    events: list = []
+
+    def stop() -> bool:
+        events.append("forward")
+        return False
+
+    result = importance(model, tok, data, settings, progress=lambda d, t: events.append((d, t)), stop=stop)
+    reports = [e for e in events if e != "forward"]
+    assert events.count("forward") > 0
+    for i, e in enumerate(events):  # every forward is reported before the next one starts
+        if e == "forward":
+            assert i + 1 < len(events) and events[i + 1] != "forward"
+    done = [d for d, _ in reports]
+    total = reports[0][1]
+    assert all(t == total for _, t in reports) and total == 2 * len(TEXTS)  # two passes: effects, pruning
+    assert np.all(np.diff(done) >= 0) and done[-1] == total
+    assert 0 < done[0] < settings.batch_size  # inside the first batch of rows
+    plain = importance(model, tok, data, settings)
+    assert np.array_equal(result["importance"]["delta_nll"], plain["importance"]["delta_nll"])
