@@ -290,15 +290,85 @@ def importance(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     c.add_argument("--prune", type=O.positive_int, metavar="N",
                    help="write a checkpoint without the N least important experts of every MoE layer (--prune-out)")
     c.add_argument("--prune-out", metavar="DIR", help="the pruned checkpoint's directory (new or empty)")
+    c.add_argument("--holdout", type=O.float_in(0, 1, lo_open=True, hi_open=True), default=0.5, metavar="F",
+                   help="share of the rows (seeded split) that judge pruning and merging; the others rank the experts "
+                        "(default 0.5; at least 20 rows)")
+    c.add_argument("--in-sample-curve", action="store_true",
+                   help="the pruning curve on the ranking rows too, labelled in-sample (optimistic)")
+    c.add_argument("--merge", type=O.positive_int, metavar="N",
+                   help="merge curve: the N least important experts of every MoE layer merged into their most similar "
+                        "kept expert (usage-weighted, M-SMoE style) against pruned, for 1..N, on the held-out rows")
+    c.add_argument("--merge-out", metavar="DIR", help="write the model with N experts merged (--merge N) here (new or "
+                                                      "empty)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     O.add_device_options(c)
     return c
 
 
+def drift(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    c = sub.add_parser("drift", help="routing drift over one run's checkpoints (router saturation, utilisation, "
+                                     "expert deaths; tables, offline page)",
+                       description="Route one dataset through every checkpoint of a training run: per layer the "
+                                   "top-k overlap with the last checkpoint (OLMoE's router saturation) and with the "
+                                   "previous one, per-expert utilisation, dead and overloaded experts, the step at "
+                                   "which each expert dies or revives, and routes by label.")
+    c.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="two or more checkpoints of one architecture, "
+                                                                         "in the run's order (or --sort step)")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", metavar="FILE", help=".txt (one text per line), or .tsv / .csv / .jsonl / .parquet "
+                                                     "with a text (or prompt) column and label columns")
+    src.add_argument("--shipped", metavar="NAME", help="a shipped dataset (validation, validation-story, ...)")
+    c.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and drift.html (made if "
+                                                                "missing)")
+    c.add_argument("--sort", choices=("given", "step"), default="given",
+                   help="step: order the checkpoints by the step in their config, card or name (default: as given)")
+    c.add_argument("--text-column", metavar="NAME", help="the text column (default: text, else prompt)")
+    c.add_argument("--max-tokens", type=O.positive_int, default=None,
+                   help="tokens kept per text, from its start (default: the model's context)")
+    c.add_argument("--batch-size", type=O.positive_int, default=32, help="rows per forward")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    O.add_device_options(c)
+    return c
+
+
+def replay(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    r = sub.add_parser("replay", help="replay a serving engine's routing trace (vLLM, SGLang, a table) against the "
+                                      "model as transformers runs it (tables, offline page)",
+                       description="Run each trace row's token ids through the model teacher-forced and compare the "
+                                   "top-k expert sets per (row, position, layer) with the engine's: agreement per "
+                                   "layer, the first divergent layer, each mismatch with the reference router's "
+                                   "margin (near-tie or not), and broken-trace checks.")
+    r.add_argument("checkpoint")
+    r.add_argument("--trace", required=True, metavar="FILE", help="the trace: vLLM or SGLang JSON lines, an SGLang "
+                                                                  "per_token dump, or a table (.parquet / .csv)")
+    r.add_argument("--trace-format", choices=O.ChoicesOf("routescope.analysis.replay.trace", "FORMATS"), default=None,
+                   metavar="FORMAT", help="one of %(choices)s (default: read from the file)")
+    r.add_argument("--out", required=True, metavar="DIR", help="directory for the tables and replay.html, replaced "
+                                                                "whole (made if missing)")
+    r.add_argument("--reference-dtype", choices=("float32",), default=None, metavar="DTYPE",
+                   help="float32: also run the model in float32 and say which mismatches go away there")
+    r.add_argument("--trace-dtype", choices=("float32", "bfloat16", "float16"), default=None, metavar="DTYPE",
+                   help="the dtype the engine routed in: near-ties are margins within --tie-ulps of its resolution "
+                        "(default: the model's dtype as run, --dtype)")
+    r.add_argument("--tie-ulps", type=O.nonnegative_float, default=8.0,
+                   help="a margin of at most this many ulps of --trace-dtype (at the k-th logit's size) is a near-tie "
+                        "(default %(default)s)")
+    r.add_argument("--batch-tokens", type=O.positive_int, default=4096, help="tokens per forward (default %(default)s)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    O.add_device_options(r)
+    e = r.add_argument_group("distributed replay (--engine ray; pip install 'routescope[distributed]')")
+    e.add_argument("--engine", choices=ENGINES, default="embedded", metavar="ENGINE",
+                   help="one of %(choices)s (default %(default)s: this process; ray: the forwards on Ray actors, "
+                        "RAY_ADDRESS or a local cluster)")
+    e.add_argument("--workers", type=O.positive_int, default=2, help="Ray actors, each loading the checkpoint once")
+    return r
+
+
 # module that runs the command -> its parser, in the order `routescope --help` lists them
 PARSERS = {"generate": generate, "tokenizer": tokenizer, "train": train, "compose": compose, "app": app,
            "import_": import_, "export": export, "routes": routes, "attribute": attribute, "report": report,
-           "corpus": corpus, "importance": importance}
+           "corpus": corpus, "importance": importance, "drift": drift,
+           "replay": replay}
 
 
 def add_all(sub: argparse._SubParsersAction) -> None:
