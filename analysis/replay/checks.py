@@ -53,8 +53,9 @@ def check_row(row: TraceRow, *, n_layers: int, n_experts: int, top_k: int, vocab
 
     n_layers, n_experts, top_k: the model's routing-layer count, experts per layer and k.
     vocab_size: when given, token ids are checked against it.
-    reference: [T, L, k] the reference model's expert ids for the row (any order within k); when
-        given, a duplicated position the reference also routes like its predecessor is not reported.
+    reference: [T, L, k] the reference model's expert ids for every token of the row (any order
+        within k); when given, a duplicated position the reference also routes like its predecessor
+        is not reported.
     """
     e = np.asarray(row.experts)
     failed: set[str] = set()
@@ -64,9 +65,10 @@ def check_row(row: TraceRow, *, n_layers: int, n_experts: int, top_k: int, vocab
     if zeros:
         failed.add("all_zeros")
     n_tok = len(row.token_ids)
-    if abs(e.shape[0] - n_tok) == 1:
+    expected = n_tok - row.start  # positions the routing should cover
+    if abs(e.shape[0] - expected) == 1:
         failed.add("length_off_by_one")
-    elif e.shape[0] != n_tok:
+    elif e.shape[0] != expected:
         failed.add("length_mismatch")
     if e.shape[1] != n_layers:
         failed.add("layer_count")
@@ -79,10 +81,10 @@ def check_row(row: TraceRow, *, n_layers: int, n_experts: int, top_k: int, vocab
             failed.add("repeated_expert")
         dup = duplicated_positions(e)
         if reference is not None and dup.any():
-            ref = np.sort(np.asarray(reference), axis=-1)
+            ref = np.sort(np.asarray(reference), axis=-1)[row.start:]  # aligned with the routing
             n = min(len(ref), len(dup))
             same_ref = np.zeros_like(dup)
-            if ref.ndim == 3 and n > 1:
+            if ref.ndim == 3 and n > 1 and ref.shape[1:] == e.shape[1:]:
                 same_ref[1:n] = (ref[1:n] == ref[:n - 1]).reshape(n - 1, -1).all(axis=1)
             dup &= ~same_ref
         if dup.any():

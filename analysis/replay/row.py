@@ -13,13 +13,18 @@ class TraceRow:
     row: the request id as the trace names it (echoed in every output).
     token_ids: [T] int64, the tokens the engine ran through the model, in order (prompt, then
         output); for formats whose routing covers fewer tokens than prompt + output by construction
-        (vLLM: the last sampled token is never run) the reader drops those, so a sound trace has T' == T.
-    experts: [T', L, k] int64 expert ids as the engine returned them, position-major; T' may differ
-        from T (a broken trace): `checks.check_row` reports it.
+        (vLLM, SGLang: the last sampled token is never run) the reader drops those, so a sound trace
+        has T' == T - start.
+    experts: [T', L, k] int64 expert ids as the engine returned them, position-major: experts[i] is
+        the routing of token_ids[start + i]. T' may differ from T - start (a broken trace):
+        `checks.check_row` reports it.
     layer_names: the routing layers' names when the trace names them (a plain table with names),
         else None: the L axis is the routing layers in depth order.
+    start: the first position the routing covers (SGLang's `routed_experts_start_len`; 0 for every
+        other format): positions before it are context only, run but not compared.
     """
     row: str
     token_ids: np.ndarray
     experts: np.ndarray
     layer_names: tuple[str, ...] | None = None
+    start: int = 0

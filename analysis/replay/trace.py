@@ -8,8 +8,9 @@ Formats (`FORMATS`; layouts and their sources in docs/replay.md, "Trace formats"
   `routescope export`'s own routing table (`table_format`).
 
 Every reader streams: JSON lines line by line, Parquet by record batches, CSV in chunks, so a trace
-of any size is read in memory bounded by its largest request. Bad input raises a one-line
-ValueError naming the file and the row.
+of any size is read in memory bounded by its largest request (the `per_token` dump, one
+`torch.save` file, is read whole). Bad input raises a one-line ValueError naming the file and the
+row. A row's experts[i] is the routing of token_ids[row.start + i] (`row.TraceRow`).
 """
 from __future__ import annotations
 
