@@ -1,0 +1,196 @@
+"""`routescope replay` / `rs.replay` against independent computations: a trace made from transformers'
+own routing (router logits from a forward hook on its gate modules, the top-k by a plain topk), with
+known edits, is found to hold exactly those edits; `routescope export`'s table replays at 100%; a
+bfloat16 trace against the float32 reference shows its mismatches as near-ties; a trace of another
+model is refused in one line naming the row."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from routescope.analysis.export.csv_format import read_frame_csv
+from routescope.cli.main import main
+
+pytest.importorskip("transformers")
+
+CK = Path(__file__).resolve().parents[2] / "checkpoints"
+TEXTS = ["Once upon a time, there was a little girl named Lily. She loved her toys.",
+         "Solve this problem: 3x + 5 = 20. Express your answer as a fraction.",
+         "One day a little boy went to the park with his dog and a ball.",
+         "Find the largest prime below fifty, then evaluate the sum.",
+         "The cat sat on the mat and looked at the bird in the tree."]
+TABLES = ("agreement", "mismatches", "checks", "first_divergence", "rows")
+
+
+def run(argv, capsys) -> tuple[int, str]:
+    code = main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def hf_routes(path: Path, ids: list[list[int]], dtype=torch.float32) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per row (top-k ids [T, L, k], float32 logits [T, L, n]) from transformers' own model: a forward
+    hook on each layer's gate module (OLMoE's router returns its logits first), each row run alone."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    k = hf.config.num_experts_per_tok
+    out = []
+    for x in ids:
+        seen = []
+        hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o: seen.append(o[0].detach().float()))
+                 for layer in hf.model.layers]
+        try:
+            with torch.no_grad():
+                hf(torch.tensor([x]))
+        finally:
+            for h in hooks:
+                h.remove()
+        logits = torch.stack(seen, dim=1)  # [T, L, n]
+        out.append((torch.topk(logits, k, dim=-1).indices.numpy(), logits.numpy()))
+    return out
+
+
+def encode(texts=TEXTS) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(CK / "olmoe-tiny" / "tokenizer.json"))
+    return [tok.encode(t).ids for t in texts]
+
+
+def table(rows: dict[str, tuple[list[int], np.ndarray]]) -> pd.DataFrame:
+    """The plain long trace table: row, position, token_id, layer (0-based index), k, expert."""
+    recs = []
+    for rid, (ids, experts) in rows.items():
+        T, L, K = experts.shape
+        for t in range(T):
+            for l in range(L):
+                for j in range(K):
+                    recs.append((rid, t, ids[t], l, j, int(experts[t, l, j])))
+    return pd.DataFrame(recs, columns=["row", "position", "token_id", "layer", "k", "expert"])
+
+
+def read(out: Path) -> dict[str, pd.DataFrame]:
+    tables = {n: pd.read_parquet(out / f"{n}.parquet") for n in TABLES}
+    for n in TABLES:  # CSV beside each, the same table
+        csv = read_frame_csv(out / f"{n}.csv")
+        assert list(csv.columns) == list(tables[n].columns) and len(csv) == len(tables[n])
+    return tables
+
+
+def sets_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return set(a.tolist()) == set(b.tolist())
+
+
+def test_an_edited_trace_of_transformers_routing_shows_exactly_its_edits(tmp_path, capsys):
+    path = CK / "olmoe-tiny"
+    ids = encode()
+    routes = hf_routes(path, ids)
+    k, n_exp = routes[0][0].shape[-1], routes[0][1].shape[-1]
+    engine = {f"req-{i}": (x, r.copy()) for i, (x, (r, _)) in enumerate(zip(ids, routes))}
+    # swapped experts: the reference's last pick replaced by its lowest-scored expert, at chosen places
+    swaps = {("req-0", 2, 1), ("req-1", 5, 3), ("req-2", 0, 0), ("req-4", 7, 2)}
+    for rid, t, l in swaps:
+        r, logits = routes[int(rid[4:])]
+        engine[rid][1][t, l, -1] = int(np.argmin(logits[t, l]))
+    # one row of zeros
+    engine["req-3"][1][:] = 0
+    # one duplicated position: req-1 position p takes position p - 1's experts
+    ref1 = routes[1][0]
+    p = next(t for t in range(2, len(ref1)) if any(not sets_equal(ref1[t, l], ref1[t - 1, l]) for l in range(4))
+             and ("req-1", t, 3) not in swaps and ("req-1", t - 1, 3) not in swaps)
+    engine["req-1"][1][p] = engine["req-1"][1][p - 1]
+    for rid, (x, e) in engine.items():  # the unedited routing holds no duplicate of its own (precondition)
+        if rid not in ("req-1", "req-3"):
+            assert not any((e[t] == e[t - 1]).all() for t in range(1, len(e)))
+    trace = tmp_path / "trace.parquet"
+    table(engine).to_parquet(trace, index=False)
+    out = tmp_path / "out"
+    code, err = run(["--threads", "1", "replay", path, "--trace", trace, "--out", out, "--dtype", "float32",
+                     "--reference-dtype", "float32", "--quiet"], capsys)
+    assert code == 0, err
+    print(err)
+    t = read(out)
+
+    # the mismatches are exactly the edits: the swaps, and the duplicated position where the reference differs
+    dup = {("req-1", p, l) for l in range(4) if not sets_equal(ref1[p, l], ref1[p - 1, l])}
+    layers = list(t["agreement"]["layer"][:-1])
+    found = {(r.row, int(r.position), layers.index(r.layer)) for r in t["mismatches"].itertuples()}
+    assert found == swaps | dup
+    checks = t["checks"].set_index("check")
+    assert checks.loc["all_zeros", "rows"] == "req-3" and checks.loc["duplicated_position", "rows"] == "req-1"
+    assert checks["count"].sum() == 2
+
+    # margins: the float32 reference's k-th minus (k+1)-th logit, as the hook's logits give them
+    for r in t["mismatches"].itertuples():
+        logits = routes[int(r.row[4:])][1][r.position, layers.index(r.layer)]
+        s = np.sort(logits)[::-1]
+        assert r.margin == pytest.approx(s[k - 1] - s[k], abs=1e-5)
+        assert r.near_tie == (r.margin <= 8 * torch.finfo(torch.float32).eps * max(1.0, abs(s[k - 1])))
+        assert not r.gone_in_float32  # the float32 reference is the reference here: nothing goes away
+        e = json.loads(r.engine_experts)
+        assert e == engine[r.row][1][r.position, layers.index(r.layer)].tolist()
+
+    # agreement: a plain count over the rows compared (the row of zeros is left out)
+    compared = [rid for rid in engine if rid != "req-3"]
+    eq = {rid: np.array([[sets_equal(engine[rid][1][t_, l], routes[int(rid[4:])][0][t_, l]) for l in range(4)]
+                         for t_ in range(len(engine[rid][0]))]) for rid in compared}
+    over = {rid: np.array([[len(set(engine[rid][1][t_, l].tolist()) & set(routes[int(rid[4:])][0][t_, l].tolist()))
+                            for l in range(4)] for t_ in range(len(engine[rid][0]))]) for rid in compared}
+    E, O = np.concatenate(list(eq.values())), np.concatenate(list(over.values()))
+    agr = t["agreement"]
+    assert list(agr["tokens"]) == [len(E)] * 5
+    np.testing.assert_allclose(agr["agreement"][:4], E.mean(0))
+    np.testing.assert_allclose(agr["mean_overlap"][:4], O.mean(0) / k)
+    assert agr["agreement"].iloc[4] == pytest.approx(E.all(1).mean())
+    first = t["first_divergence"].set_index("layer")["tokens"]
+    assert first["none"] == E.all(1).sum()
+    for l, name in enumerate(layers):
+        assert first[name] == sum(1 for row in E if not row.all() and np.argmax(~row) == l)
+    assert f"{1 - E.all(1).mean():.2%} differ" in err and n_exp == 16
+    page = (out / "replay.html").read_text(encoding="utf-8")
+    assert "Routing replay" in page and "req-1" in page
+    prov = json.loads((out / "replay.json").read_text())
+    assert prov["mismatches"] == len(swaps | dup) and prov["rows_left_out"] == 1
+
+
+def test_routescope_exports_own_table_replays_at_full_agreement(tmp_path, capsys):
+    path = CK / "olmoe-tiny"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
+    exported = tmp_path / "routes.parquet"
+    code, err = run(["--threads", "1", "export", path, "--prompts", prompts, "--out", exported, "--quiet",
+                     "--dtype", "float32"], capsys)
+    assert code == 0, err
+    out = tmp_path / "out"
+    code, err = run(["--threads", "1", "replay", path, "--trace", exported, "--out", out, "--dtype", "float32",
+                     "--quiet"], capsys)
+    assert code == 0, err
+    t = read(out)
+    n_tokens = sum(len(x) for x in encode(TEXTS[:3]))
+    assert (t["agreement"]["agreement"] == 1.0).all() and (t["agreement"]["tokens"] == n_tokens).all()
+    assert len(t["mismatches"]) == 0 and t["checks"]["count"].sum() == 0
+
+
+def test_a_bfloat16_trace_against_the_float32_reference_mismatches_at_near_ties(tmp_path, capsys):
+    path = CK / "olmoe-tiny"
+    ids = encode()
+    bf16 = hf_routes(path, ids, dtype=torch.bfloat16)
+    f32 = hf_routes(path, ids)
+    trace = tmp_path / "bf16.parquet"
+    table({f"r{i}": (x, r) for i, (x, (r, _)) in enumerate(zip(ids, bf16))}).to_parquet(trace, index=False)
+    out = tmp_path / "out"
+    code, err = run(["--threads", "1", "replay", path, "--trace", trace, "--out", out, "--dtype", "float32",
+                     "--trace-dtype", "bfloat16", "--quiet"], capsys)
+    assert code == 0, err
+    m = read(out)["mismatches"]
+    plain = sum(not sets_equal(b[t, l], f[t, l]) for (b, _), (f, _) in zip(bf16, f32)
+                for t in range(len(b)) for l in range(b.shape[1]))
+    print(f"bfloat16 trace against float32: {len(m)} mismatches (plain count {plain}); margins "
+          f"{sorted(round(x, 5) for x in m['margin'])}; near-ties {int(m['near_tie'].sum())}")
+    assert len(m) == plain
+    assert m["near_tie"].all()  # bfloat16 rounding only: every mismatch within 8 bfloat16 ulps
