@@ -40,6 +40,7 @@ _LAZY = {
     "run": ("routescope.api", "run"),
     "figures": ("routescope.api", "figures"),
     "importance": ("routescope.api", "importance"),
+    "replay": ("routescope.api", "replay"),
 }
 
 __all__ = [*_LAZY]

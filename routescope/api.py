@@ -1,10 +1,14 @@
-"""`rs.run`, `rs.figures` and `rs.importance`: the notebook API over the layers (`routescope` loads
+"""`rs.run`, `rs.figures`, `rs.importance` and `rs.replay`: the notebook API over the layers (`routescope` loads
 these names on first use, so `import routescope` stays fast)."""
 from __future__ import annotations
 
+from os import PathLike
 from typing import Any
 
 from routescope.analysis.inputs.datasets import CorpusData, load_corpus
+from routescope.analysis.replay.compare import ReplaySettings
+from routescope.analysis.replay.run import replay as replay_trace
+from routescope.analysis.replay.trace import read_trace
 from routescope.analysis.reports.importance import ImportanceSettings
 from routescope.analysis.reports.importance import importance as sweep
 from routescope.analysis.runs.session import RunSettings, run_prompt
@@ -52,3 +56,18 @@ def importance(model: Any, tokenizer: Any, data: Any, **settings: Any) -> dict[s
     if not isinstance(data, CorpusData):
         data = load_corpus(data)
     return sweep(model, tokenizer, data, ImportanceSettings(**settings)).tables
+
+
+def replay(model: Any, trace: Any, *, reference_float32: bool = False, trace_format: str | None = None,
+           name: str = "model", **settings: Any) -> Any:
+    """A serving engine's routing trace against `model` as transformers runs it (`analysis.replay.run`):
+    a `ReplayResult` whose `tables` are agreement, mismatches, checks, first_divergence and rows (the
+    files `routescope replay` writes), `summary` the corpus figures. `trace`: a file (vLLM / SGLang JSON
+    lines, an SGLang per_token dump, a .parquet / .csv table; `trace_format` names it where its name
+    does not) or an iterable of `TraceRow`s. `reference_float32`: also run a float32 copy (the
+    mismatches' gone_in_float32). `settings`: `ReplaySettings` fields (tie_ulps, trace_dtype,
+    batch_tokens, keep_rows)."""
+    rows = read_trace(trace, fmt=trace_format) if isinstance(trace, (str, PathLike)) else trace
+    return replay_trace(model, rows, settings=ReplaySettings(**settings),
+                        float32_model=model.float32_copy() if reference_float32 else None, name=name,
+                        trace=str(trace) if isinstance(trace, (str, PathLike)) else "")

@@ -194,3 +194,39 @@ def test_a_bfloat16_trace_against_the_float32_reference_mismatches_at_near_ties(
           f"{sorted(round(x, 5) for x in m['margin'])}; near-ties {int(m['near_tie'].sum())}")
     assert len(m) == plain
     assert m["near_tie"].all()  # bfloat16 rounding only: every mismatch within 8 bfloat16 ulps
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda ids, e: (ids, e[:, :, :2]), "top-2 routing"),  # another model's k
+    (lambda ids, e: (ids, e[:, :3]), "3 layers"),  # another model's layer count
+    (lambda ids, e: (ids, np.where(e == e.max(), 20, e)), "expert id 20"),  # another model's expert count
+    (lambda ids, e: ([5000] + ids[1:], e), "token id 5000"),  # another model's vocabulary
+])
+def test_a_trace_of_another_model_is_refused_in_one_line_naming_the_row(tmp_path, capsys, edit, words):
+    ids = encode(TEXTS[:2])
+    routes = hf_routes(CK / "olmoe-tiny", ids)
+    rows = {"first": edit(ids[0], routes[0][0]), "second": (ids[1], routes[1][0])}
+    trace = tmp_path / "trace.csv"
+    table(rows).to_csv(trace, index=False)
+    out = tmp_path / "out"
+    capsys.readouterr()  # transformers' own loading bar above
+    code, err = run(["--threads", "1", "replay", CK / "olmoe-tiny", "--trace", trace, "--out", out, "--quiet"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "row 'first'" in err and words in err, err
+    assert not out.exists()
+
+
+def test_a_later_row_of_another_layer_count_is_counted_and_left_out(tmp_path):
+    import routescope as rs
+    from routescope.analysis.replay.row import TraceRow
+
+    ids = encode(TEXTS[:3])
+    routes = hf_routes(CK / "olmoe-tiny", ids)
+    model, _ = rs.load(str(CK / "olmoe-tiny"), dtype="float32")
+    rows = [TraceRow(f"r{i}", np.array(x), r) for i, (x, (r, _)) in enumerate(zip(ids, routes))]
+    rows[1] = TraceRow("r1", rows[1].token_ids, rows[1].experts[:, :3])
+    res = rs.replay(model, rows)
+    checks = res["checks"].set_index("check")
+    assert checks.loc["layer_count", "rows"] == "r1" and checks["count"].sum() == 1
+    assert (res["agreement"]["agreement"] == 1.0).all()
+    assert list(res["rows"]["row"]) == ["r0", "r2"]
+    assert res["agreement"]["tokens"].iloc[0] == len(ids[0]) + len(ids[2])
