@@ -41,6 +41,7 @@ _LAZY = {
     "figures": ("routescope.api", "figures"),
     "importance": ("routescope.api", "importance"),
     "replay": ("routescope.api", "replay"),
+    "drift": ("routescope.api", "drift"),
 }
 
 __all__ = [*_LAZY]

@@ -1,10 +1,12 @@
-"""`rs.run`, `rs.figures`, `rs.importance` and `rs.replay`: the notebook API over the layers (`routescope` loads
-these names on first use, so `import routescope` stays fast)."""
+"""`rs.run`, `rs.figures`, `rs.importance`, `rs.replay` and `rs.drift`: the notebook API over the
+layers (`routescope` loads these names on first use, so `import routescope` stays fast)."""
 from __future__ import annotations
 
 from os import PathLike
 from typing import Any
 
+from routescope.analysis.drift import DriftSettings
+from routescope.analysis.drift import drift as drift_run
 from routescope.analysis.inputs.datasets import CorpusData, load_corpus
 from routescope.analysis.replay.compare import ReplaySettings
 from routescope.analysis.replay.run import replay as replay_trace
@@ -71,3 +73,14 @@ def replay(model: Any, trace: Any, *, reference_float32: bool = False, trace_for
     return replay_trace(model, rows, settings=ReplaySettings(**settings),
                         float32_model=model.float32_copy() if reference_float32 else None, name=name,
                         trace=str(trace) if isinstance(trace, (str, PathLike)) else "")
+
+
+def drift(checkpoints: Any, data: Any, **settings: Any) -> dict[str, Any]:
+    """Routing drift over one run's checkpoints (directories, in the run's order; `sort="step"`
+    orders them by their step) on `data` (a dataset file path, or a `CorpusData`): the frames
+    `routescope drift` writes by name (saturation, utilisation, events, experts, and label_shares,
+    label_specialisation where the dataset has labels; `analysis.drift`). `settings`: `DriftSettings`
+    fields (max_tokens, batch_size, sort)."""
+    if not isinstance(data, CorpusData):
+        data = load_corpus(data)
+    return drift_run(list(checkpoints), data, DriftSettings(**settings)).tables
