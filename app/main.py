@@ -80,7 +80,7 @@ def apply_link(model, path: str) -> None:
     if link.specs:
         st.session_state[K.specs_key(path)] = "\n".join(link.specs)
     if link.layer:
-        st.session_state[K.layer_pick_key(path)] = link.layer
+        st.session_state[K.layer_pick_key(path)] = st.session_state[K.view_layer_key(path)] = link.layer
     for name, value in link.options:
         st.session_state[K.run_option_key(name)] = value
 
@@ -203,7 +203,10 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
         generation.text(cur, tok)
         if grid := resources.route_grid(path, mtime, prompt, settings, cur.ablation):  # none without choice views
             st.markdown(grid, unsafe_allow_html=True)
-        routing.show(cur, resources.routing_figures(path, mtime, prompt, settings, cur.ablation))
+        view_layer = K.view_layer_key(path)
+        st.session_state.setdefault(view_layer, st.session_state.get(K.layer_pick_key(path)))
+        routing.show(cur, resources.routing_figures(path, mtime, prompt, settings, cur.ablation), view_layer,
+                     ablation.follow_layer, (path, view_layer))
     elif view == "Ablation diff":
         base = resources.run(path, mtime, prompt, settings, Ablation())
         eff = None if cur.ablation.is_empty else resources.effects(path, mtime, tuple(base.ids), cur.ablation,

@@ -76,7 +76,8 @@ def run(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: A
 def routing_figures(path: str, mtime: float, prompt: str, settings: RunSettings, ablation: Ablation):
     """The Routing view's figures of a run (choice heatmaps stacked), built once per run: switching
     an ablation back, or views, redraws them without rebuilding. Read-only once made."""
-    return routing.drawn(run(path, mtime, prompt, settings, ablation), load(path, mtime)[0], stacked=True)
+    return routing.drawn(run(path, mtime, prompt, settings, ablation), load(path, mtime)[0], stacked=True,
+                         layered=True)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)

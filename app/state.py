@@ -69,6 +69,12 @@ def layer_pick_key(scope: str) -> str:
     return f"{_ABLATION}{scope}::layer_pick"
 
 
+def view_layer_key(scope: str) -> str:
+    """Which layer the Routing view's per-layer figures show; it follows `layer_pick_key` both ways
+    (`follow_layer`), so a link's layer opens both."""
+    return f"{_ABLATION}{scope}::view_layer"
+
+
 def layer_choices_key(scope: str) -> str:
     """{layer: (dropped options, forced option or None)} of the per-layer controls: kept here, not in
     the widgets, because only the picked layer's widgets are drawn (an undrawn widget forgets)."""

@@ -9,7 +9,7 @@ drawers (generic option weights, tables, corpus views) are found by a view's kin
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -25,7 +25,7 @@ from routescope.analysis.runs.views import View
 from routescope.rendering import corpus_figures as CF
 from routescope.rendering import style as ST
 from routescope.rendering import route_heatmaps as RH
-from routescope.rendering.draw_context import DrawContext, Drawer, Piece
+from routescope.rendering.draw_context import DrawContext, Drawer, PerLayer, Piece
 from routescope.rendering.families import llama, papaformer, pgpt, topk, wiola
 
 
@@ -136,33 +136,55 @@ def run_pieces(run: Any, model: Any) -> dict[str, Piece]:
                 drawers_of(model.config.family))
 
 
-def draw_run(run: Any, model: Any, *, stacked: bool = False, pieces: Mapping[str, Piece] | None = None
-             ) -> tuple[dict[str, go.Figure], dict[str, pd.DataFrame]]:
+def draw_run(run: Any, model: Any, *, stacked: bool = False, pieces: Mapping[str, Piece] | None = None,
+             layered: bool = False) -> tuple[dict[str, go.Figure | PerLayer], dict[str, pd.DataFrame]]:
     """The figures and tables of every view of an analysed run, each figure carrying the model and
-    ablation it shows in its layout's meta (`pieces`: the run's views already drawn, `run_pieces`)."""
+    ablation it shows in its layout's meta (`pieces`: the run's views already drawn, `run_pieces`).
+    `layered`: a per-layer figure stays a `PerLayer` (drawn a layer at a time: `layer_figure`);
+    otherwise it is drawn whole, every layer behind a dropdown."""
     toks = run.display_tokens()
     pieces = run_pieces(run, model) if pieces is None else pieces
     figs = run_figures(pieces, stacked=stacked, stacked_name=STACKED, tokens=toks, n_prompt=run.n_prompt,
-                       meta={"ablation": run.ablation.describe(), "model": run.model_name})
+                       meta=run_meta(run), layered=layered)
     return figs, tables(pieces)
 
 
+def run_meta(run: Any) -> dict[str, str]:
+    """What every figure of a run carries in its layout's meta: which model and ablation it shows."""
+    return {"ablation": run.ablation.describe(), "model": run.model_name}
+
+
 def run_figures(pieces: Mapping[str, Piece], *, stacked: bool, stacked_name: str, tokens: list[str],
-                n_prompt: int | None, meta: Mapping[str, Any]) -> dict[str, go.Figure]:
-    """The figures of drawn pieces: choice grids one figure each, or with `stacked` (and more than
-    one) the rows of one figure `stacked_name`; tables left out. `meta` (which run a figure shows)
-    is kept in every figure's layout."""
+                n_prompt: int | None, meta: Mapping[str, Any], layered: bool = False) -> dict[str, go.Figure | PerLayer]:
+    """The figures of drawn pieces, in the pieces' order: choice grids one figure each, or with
+    `stacked` (and more than one) the rows of one figure `stacked_name`, first; per-layer figures
+    whole, or kept as they are with `layered`; tables left out. `meta` (which run a figure shows) is
+    kept in every figure's layout."""
     grids = {n: p for n, p in pieces.items() if isinstance(p, RH.ChoiceGrid)}
-    figs: dict[str, go.Figure] = {}
+    figs: dict[str, go.Figure | PerLayer] = {}
     if stacked and len(grids) > 1:
         figs[stacked_name] = RH.stacked_choice_heatmaps(list(grids.values()), tokens, n_prompt)
     else:
         figs.update({n: RH.choice_heatmap(g, tokens, n_prompt) for n, g in grids.items()})
-    figs.update({n: p for n, p in pieces.items() if isinstance(p, go.Figure)})
-    ST.align_token_charts(figs.values())
-    for fig in figs.values():
+    for n, p in pieces.items():
+        if isinstance(p, go.Figure) or (isinstance(p, PerLayer) and layered):
+            figs[n] = p
+        elif isinstance(p, PerLayer):
+            figs[n] = p.whole()
+    drawn = [f for f in figs.values() if isinstance(f, go.Figure)]
+    ST.align_token_charts(drawn)
+    for fig in drawn:
         fig.update_layout(meta=dict(meta))
     return figs
+
+
+def layer_figure(piece: PerLayer, layer: str, others: Iterable[go.Figure], meta: Mapping[str, Any]) -> go.Figure:
+    """One layer of a per-layer figure, its token axis aligned with the run's other token charts
+    (`others`, already aligned) and carrying the run's `meta`."""
+    fig = piece.one(layer)
+    ST.align_token_charts([fig, *others], only=fig)
+    fig.update_layout(meta=dict(meta))
+    return fig
 
 
 def tables(pieces: Mapping[str, Piece]) -> dict[str, pd.DataFrame]:

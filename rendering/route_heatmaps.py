@@ -226,13 +226,23 @@ def atm_figure(merges: pd.DataFrame, tokens: list[str], tau: float, n_prompt: in
 
 # --- many options: place on an axis, not colour (analysis.runs.routing.MANY_OPTIONS) ------------------
 
+def matrix_layers(view: pd.DataFrame, depth: Iterable[str] = ()) -> list[str]:
+    """The layers `expert_matrix_figure` can draw, in depth order."""
+    return _layers(view[view[C.BATCH] == 0], depth)
+
+
 def expert_matrix_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | None,
-                         depth: Iterable[str] = ()) -> go.Figure:
+                         depth: Iterable[str] = (), only: Iterable[str] | None = None) -> go.Figure:
     """Per layer (a dropdown picks it), experts x tokens: colour = the router's probability, the
     token's top-k picks marked with their rank. Hover names the layer, expert, token and value.
-    Values are rounded to 4 decimals, which keeps a 128-expert x 24-layer page small."""
+    Values are rounded to 4 decimals, which keeps a 128-expert x 24-layer page small. `only`: these
+    layers alone (one: no dropdown, the layer named in the title)."""
     v = view[view[C.BATCH] == 0]
     layers, T = _layers(v, depth), len(tokens)
+    if only is not None:
+        keep = set(only)
+        layers = [l for l in layers if l in keep]
+        v = v[v[C.LAYER].isin(keep)]
     fig = go.Figure()
     tallest = 1
     for j, layer in enumerate(layers):
@@ -251,12 +261,14 @@ def expert_matrix_figure(view: pd.DataFrame, tokens: list[str], n_prompt: int | 
                         hovertemplate=f"{html.escape(layer)}<br>expert %{{y}} · pos %{{x}}: pick #%{{customdata}}<extra></extra>")
     token_axis(fig, tokens, n_prompt)
     plot_px = max(240, min(720, 5 * tallest))
-    fig.update_layout(title=dict(text="Top-k routing: router probability per expert and token (○ picked)",
-                                 y=1, yref="container", yanchor="top",
-                                 pad=dict(t=10)),
-                      plot_bgcolor="white", margin=dict(t=100))
+    title = "Top-k routing: router probability per expert and token (○ picked)"
+    if len(layers) == 1:
+        title += f"<br><span style='font-size:13px'>{html.escape(layers[0])}</span>"
+    fig.update_layout(title=dict(text=title, y=1, yref="container", yanchor="top", pad=dict(t=10)),
+                      plot_bgcolor="white", margin=dict(t=100 if len(layers) > 1 else 70))
     fig.update_yaxes(title="expert", autorange="reversed", tickfont=dict(size=11))
-    layer_menu(fig, layers, 2)
+    if len(layers) > 1:
+        layer_menu(fig, layers, 2)
     fixed_margins(fig, ["expert 000"])
     total_height(fig, plot_px)
     return fig

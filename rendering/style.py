@@ -129,12 +129,13 @@ def fixed_margins(fig: go.Figure, rows: list[str]) -> None:
     fig.update_traces(colorbar=dict(thickness=14, x=1.0, xanchor="left", xpad=8), selector=dict(type="heatmap"))
 
 
-def align_token_charts(figs) -> None:
+def align_token_charts(figs, only: go.Figure | None = None) -> None:
     """Give every token chart of `figs` the same left and right margins, so token t sits at the same
-    x in each (the plot areas are the same width in the same page width)."""
+    x in each (the plot areas are the same width in the same page width). `only`: change that figure
+    alone (the others are shared, read-only, and already aligned among themselves)."""
     charts = [f for f in figs if is_token_chart(f)]
     left = max((f.layout.margin.l or 0 for f in charts), default=0)
-    for f in charts:
+    for f in charts if only is None else [only] if is_token_chart(only) else []:
         f.update_layout(margin=dict(l=left, r=MARGIN_R))
 
 

@@ -140,6 +140,13 @@ def _checkboxes(model: RouteScopeLM, scope: str, layers: dict[str, int], labels)
     return drop, force
 
 
+def follow_layer(scope: str, source: str) -> None:
+    """on_change of either layer picker (these controls', the Routing view's): the other shows the
+    same layer (`K.view_layer_key`)."""
+    pick, view = K.layer_pick_key(scope), K.view_layer_key(scope)
+    st.session_state[view if source == pick else pick] = st.session_state.get(source)
+
+
 def _searchable(model: RouteScopeLM, scope: str, layers: dict[str, int], labels) -> tuple[list, list]:
     """Many options: searchable lists, and one layer's controls at a time (its choices kept per layer)."""
     n_global = min(layers.values())
@@ -153,6 +160,7 @@ def _searchable(model: RouteScopeLM, scope: str, layers: dict[str, int], labels)
     with st.expander(f"Per layer ({len(layers)} layers)", expanded=False):
         order = {l: i for i, l in enumerate(layers)}  # its position first: a narrow box cuts a long name's end
         layer = st.selectbox("Layer", list(layers), key=K.layer_pick_key(scope),
+                             on_change=follow_layer, args=(scope, K.layer_pick_key(scope)),
                              format_func=lambda l: ("• " if choices.get(l, ((), None)) != ((), None) else "")
                              + f"{order[l]} · {l}",
                              help="Routing layers in model order; type to search; a dot marks layers with choices "

@@ -15,7 +15,7 @@ from routescope.analysis.runs.routing import (DEAD_FRACTION, DEAD_PER_OPTION, MA
 from routescope.rendering import bar_figures as BF
 from routescope.rendering import route_heatmaps as RH
 from routescope.rendering import style as ST
-from routescope.rendering.draw_context import DrawContext, Drawer, Piece
+from routescope.rendering.draw_context import DrawContext, Drawer, PerLayer, Piece
 
 COSELECTED_TOP = 20  # pairs shown per layer when a layer has many options
 
@@ -31,7 +31,11 @@ def topk_choice(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
 
 
 def topk_matrix(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:
-    return {name: RH.expert_matrix_figure(view.frame, ctx.tokens, ctx.n_prompt, ctx.labels)}
+    """Every option's probability per token, a layer at a time (`PerLayer`: the app sends the picked
+    layer's panel, an offline page every layer behind a dropdown)."""
+    frame, depth = view.frame, list(ctx.labels)
+    return {name: PerLayer(tuple(RH.matrix_layers(frame, depth)),
+                           lambda only: RH.expert_matrix_figure(frame, ctx.tokens, ctx.n_prompt, depth, only))}
 
 
 def utilisation(name: str, view: View, ctx: DrawContext) -> dict[str, Piece]:

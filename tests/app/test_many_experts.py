@@ -82,12 +82,26 @@ def test_many_options_are_drawn_by_place_not_colour(many):
     model, _, run = many
     pieces = D.run_pieces(run, model)
     assert "topk_routes" not in pieces  # the categorical first-choice grid is gone
-    matrix = pieces["topk_probs"]
+    layered = pieces["topk_probs"]
+    assert layered.layers == tuple(model.routing_modules)
+    matrix = layered.whole()  # the offline page's: every layer behind a dropdown
     heat = [t for t in matrix.data if t.type == "heatmap"]
     assert len(heat) == len(model.routing_modules) and [t.visible for t in heat] == [True, False, False]
     assert np.asarray(heat[0].z).shape == (16, len(run.display_tokens()))
     menu = matrix.layout.updatemenus[0]
     assert [b.label for b in menu.buttons] == list(model.routing_modules)
+    # the app's: one layer's panel alone, equal to that layer's panel of the whole figure
+    probs = run.views["topk_probs"].frame
+    for j, layer in enumerate(layered.layers):
+        one = layered.one(layer)
+        assert not one.layout.updatemenus and layer in one.layout.title.text
+        (h,) = [t for t in one.data if t.type == "heatmap"]
+        np.testing.assert_array_equal(np.asarray(h.z), np.asarray(heat[j].z))
+        p = probs[(probs[C.BATCH] == 0) & (probs[C.LAYER] == layer)]
+        assert np.nanmax(np.abs(np.asarray(h.z, dtype=float)[p[C.OPTION], p[C.POSITION]] - p[C.PROB])) <= 5e-5
+        (picked,) = [t for t in one.data if t.type == "scatter"]
+        sel = p[p[C.SELECTED]]
+        assert sorted(zip(picked.x, picked.y)) == sorted(zip(sel[C.POSITION], sel[C.OPTION]))
     util = pieces["topk_utilisation"]
     assert util.data[0].type == "heatmap" and np.asarray(util.data[0].z).shape == (3, 16)
     u = run.views["topk_utilisation"].frame
