@@ -108,6 +108,18 @@ def checkpoint_step(path: str | Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def run_checkpoints(paths: Sequence[str | Path]) -> list[Path]:
+    """`paths` with each run directory (no config.json of its own, checkpoints below it, as `train
+    --snapshots` writes them) replaced by its checkpoints in step order (then name)."""
+    out = []
+    for p in map(Path, paths):
+        inner = [d for d in sorted(p.iterdir()) if (d / CONFIG).is_file()] \
+            if p.is_dir() and not (p / CONFIG).is_file() else []
+        steps = {d: checkpoint_step(d) for d in inner}
+        out += sorted(inner, key=lambda d: (steps[d] is None, steps[d] or 0, d.name)) if inner else [p]
+    return out
+
+
 def _shape(model: Any) -> tuple:
     layout = layout_of(model, ())
     return model.config.label, layout.layers, layout.n_options, model.vocab_size

@@ -15,6 +15,7 @@ from routescope.app import corpus_resources as CR  # noqa: E402
 from routescope.app import state as K  # noqa: E402
 from routescope.app import pages as family_pages  # noqa: E402
 from routescope.app.views import ablation, attribution, corpus, diff, experts, export, generation, routing, sidebar  # noqa: E402,E501
+from routescope.app.views import drift  # noqa: E402
 from routescope.analysis.inputs.prompts import prompt_problem  # noqa: E402
 from routescope.app.messages import show_error  # noqa: E402
 from routescope.rendering.route_grid import CSS as STYLES  # noqa: E402
@@ -24,7 +25,7 @@ from routescope.core_models.specs import AblationError  # noqa: E402
 from routescope.analysis.runs.usage import corpus_usage  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
-VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Experts", "Export"]  # every family's
+VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Experts", "Drift", "Export"]  # every family's
 PAGES_AFTER = "Attribution"  # a family's own pages (its spec's) come after this view
 DEFAULT_VIEW = "Routing"  # a new user sees the routing heatmap (and the text it routes) without a click
 
@@ -34,7 +35,7 @@ def error_box(where: str, e: Exception) -> None:
     st.error(f"{where}: {e}" if isinstance(e, ValueError) else f"{where}: {type(e).__name__}: {e}")
 
 
-NEEDS_NO_RUN = ("Corpus", "Experts")  # views that read neither the prompt nor its run (family pages neither): shown when those fail
+NEEDS_NO_RUN = ("Corpus", "Experts", "Drift")  # views that read neither the prompt nor its run (family pages neither): shown when those fail
 
 
 @st.cache_resource
@@ -218,6 +219,8 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
         corpus.show(model, tok, path, mtime, ab)
     elif view == "Experts":
         experts.show(model, tok, path, mtime, ab)
+    elif view == "Drift":  # a run's checkpoints, not the sidebar's model
+        drift.show()
     else:
         extra = {label: table for p in pages.values() if p.tables for label, table in
                  p.tables(model, path, mtime, cur.ablation).items()}  # the family's pages' tables
