@@ -110,7 +110,7 @@ def reference_routes(model: Any, shape: Shape, rows: Sequence[np.ndarray]) -> li
     lengths = [len(r) for r in rows]
     x = torch.full((len(rows), max(lengths)), pad, dtype=torch.int64)
     for i, r in enumerate(rows):
-        x[i, :len(r)] = torch.as_tensor(np.asarray(r, dtype=np.int64))
+        x[i, :len(r)] = torch.tensor(np.asarray(r), dtype=torch.int64)  # a copy: trace arrays may be read-only
     with tracing([idx_sites[n] for n in shape.layers] + [logit_sites[n] for n in shape.layers]) as tr:
         model(x, float_logits=False)
     ids = torch.stack([tr[idx_sites[n]].reshape(x.shape[0], x.shape[1], -1) for n in shape.layers], dim=2)

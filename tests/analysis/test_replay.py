@@ -230,3 +230,25 @@ def test_a_later_row_of_another_layer_count_is_counted_and_left_out(tmp_path):
     assert (res["agreement"]["agreement"] == 1.0).all()
     assert list(res["rows"]["row"]) == ["r0", "r2"]
     assert res["agreement"]["tokens"].iloc[0] == len(ids[0]) + len(ids[2])
+
+
+@pytest.mark.slow  # starts a local Ray cluster: about 30 s on 2 busy cores
+def test_ray_engine_writes_the_tables_of_one_process(tmp_path, capsys):
+    pytest.importorskip("ray", reason="the distributed extra")
+    ids = encode(TEXTS[:3])
+    routes = hf_routes(CK / "olmoe-tiny", ids)
+    engine = {f"r{i}": (x, r.copy()) for i, (x, (r, _)) in enumerate(zip(ids, routes))}
+    engine["r1"][1][2, 0, -1] = int(np.argmin(routes[1][1][2, 0]))
+    trace = tmp_path / "trace.csv"
+    table(engine).to_csv(trace, index=False)
+    outs = {}
+    for how in ("embedded", "ray"):
+        outs[how] = tmp_path / how
+        code, err = run(["--threads", "1", "replay", CK / "olmoe-tiny", "--trace", trace, "--out", outs[how],
+                         "--dtype", "float32", "--reference-dtype", "float32", "--engine", how, "--workers", "1",
+                         "--batch-tokens", "16", "--quiet"], capsys)
+        assert code == 0, err
+    one, ray_ = read(outs["embedded"]), read(outs["ray"])
+    for name in TABLES:
+        pd.testing.assert_frame_equal(one[name], ray_[name])
+    assert len(one["mismatches"]) == 1
