@@ -16,6 +16,7 @@ from routescope.app import state as K  # noqa: E402
 from routescope.app import pages as family_pages  # noqa: E402
 from routescope.app.views import ablation, attribution, corpus, diff, experts, export, generation, routing, sidebar  # noqa: E402,E501
 from routescope.app.views import replay  # noqa: E402
+from routescope.app.views import drift  # noqa: E402
 from routescope.analysis.inputs.prompts import prompt_problem  # noqa: E402
 from routescope.app.messages import show_error  # noqa: E402
 from routescope.rendering.route_grid import CSS as STYLES  # noqa: E402
@@ -25,7 +26,7 @@ from routescope.core_models.specs import AblationError  # noqa: E402
 from routescope.analysis.runs.usage import corpus_usage  # noqa: E402
 
 DEFAULT_PROMPT = "Once upon a time, there was a little"
-VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Experts", "Replay", "Export"]  # every family's
+VIEWS = ["Generation", "Routing", "Ablation diff", "Attribution", "Corpus", "Experts", "Replay", "Drift", "Export"]  # every family's
 PAGES_AFTER = "Attribution"  # a family's own pages (its spec's) come after this view
 DEFAULT_VIEW = "Routing"  # a new user sees the routing heatmap (and the text it routes) without a click
 
@@ -35,7 +36,7 @@ def error_box(where: str, e: Exception) -> None:
     st.error(f"{where}: {e}" if isinstance(e, ValueError) else f"{where}: {type(e).__name__}: {e}")
 
 
-NEEDS_NO_RUN = ("Corpus", "Experts", "Replay")  # views that read neither the prompt nor its run (family pages neither): shown when those fail
+NEEDS_NO_RUN = ("Corpus", "Experts", "Replay", "Drift")  # views that read neither the prompt nor its run (family pages neither): shown when those fail
 
 
 @st.cache_resource
@@ -81,7 +82,7 @@ def apply_link(model, path: str) -> None:
     if link.specs:
         st.session_state[K.specs_key(path)] = "\n".join(link.specs)
     if link.layer:
-        st.session_state[K.layer_pick_key(path)] = link.layer
+        st.session_state[K.layer_pick_key(path)] = st.session_state[K.view_layer_key(path)] = link.layer
     for name, value in link.options:
         st.session_state[K.run_option_key(name)] = value
 
@@ -204,7 +205,10 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
         generation.text(cur, tok)
         if grid := resources.route_grid(path, mtime, prompt, settings, cur.ablation):  # none without choice views
             st.markdown(grid, unsafe_allow_html=True)
-        routing.show(cur, resources.routing_figures(path, mtime, prompt, settings, cur.ablation))
+        view_layer = K.view_layer_key(path)
+        st.session_state.setdefault(view_layer, st.session_state.get(K.layer_pick_key(path)))
+        routing.show(cur, resources.routing_figures(path, mtime, prompt, settings, cur.ablation), view_layer,
+                     ablation.follow_layer, (path, view_layer))
     elif view == "Ablation diff":
         base = resources.run(path, mtime, prompt, settings, Ablation())
         eff = None if cur.ablation.is_empty else resources.effects(path, mtime, tuple(base.ids), cur.ablation,
@@ -218,6 +222,8 @@ def show_view(view: str, cur, model, tok, path: str, mtime: float, prompt: str, 
         experts.show(model, tok, path, mtime, ab)
     elif view == "Replay":
         replay.show(model, tok, path, mtime)
+    elif view == "Drift":  # a run's checkpoints, not the sidebar's model
+        drift.show()
     else:
         extra = {label: table for p in pages.values() if p.tables for label, table in
                  p.tables(model, path, mtime, cur.ablation).items()}  # the family's pages' tables
