@@ -77,7 +77,8 @@ def _sglang_ext(rec: dict) -> dict | None:
 
 
 def sniff_json(path: Path) -> str | None:
-    """"vllm" or "sglang" from the first record of a JSON lines file; None when neither."""
+    """"vllm" or "sglang" from the first record of a JSON lines file; None when neither (or not
+    text); a first line that is not JSON is its one-line ValueError."""
     try:
         for _, rec in _lines(path):
             if _sglang_ext(rec) is not None:
@@ -86,7 +87,7 @@ def sniff_json(path: Path) -> str | None:
             if any("routed_experts" in h for h in holders):
                 return "vllm"
             return None
-    except (ValueError, UnicodeDecodeError):
+    except UnicodeDecodeError:
         return None
     return None
 

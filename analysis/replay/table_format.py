@@ -27,6 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from routescope.analysis.export.csv_format import unescape_text
 from routescope.analysis.replay.row import TraceRow
 
 COLUMNS = ("row", "position", "token_id", "layer", "k", "expert")
@@ -42,11 +43,16 @@ def _chunks(path: Path) -> Iterator[pd.DataFrame]:
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: not a readable CSV table ({str(e).splitlines()[0]})") from None
         cols = _columns(path, tuple(header))
-        dtype = {"row": "string", "layer": "string"} if cols == COLUMNS else {"prompt_id": "string", "layer": "string",
-                                                                               "kind": "string", "ablation": "string"}
+        export = cols == EXPORT_COLUMNS
+        text = ("prompt_id", "layer", "kind", "ablation") if export else ("row", "layer")
         try:
-            yield from pd.read_csv(path, usecols=list(cols), dtype=dtype, chunksize=CHUNK_ROWS, keep_default_na=False,
-                                   na_values=[""])
+            for chunk in pd.read_csv(path, usecols=list(cols), dtype={c: str for c in text}, chunksize=CHUNK_ROWS,
+                                     keep_default_na=False, na_values={c: [""] for c in cols if c not in text}):
+                if export:  # RouteScope's CSV format (analysis.export.csv_format): "\N" is NA, cells escaped
+                    for c in text:
+                        chunk[c] = pd.array([pd.NA if v == "\\N" else unescape_text(v) for v in chunk[c]],
+                                            dtype="string")
+                yield chunk
         except (pd.errors.ParserError, ValueError) as e:
             raise ValueError(f"{path}: unreadable CSV table ({str(e).splitlines()[0]})") from None
         return
@@ -114,7 +120,7 @@ def assemble(rid: str, d: pd.DataFrame, where: str) -> TraceRow:
         if lay.min() < 0:
             raise ValueError(f"{where}: negative layer index {lay.min()}")
         n_layers = int(lay.max()) + 1
-    else:  # names, in order of first appearance (depth order as written)
+    else:  # names label the L axis in the order the row first gives them (the replay maps them to depth order)
         codes, uniq = pd.factorize(layer)
         lay, names, n_layers = codes.astype(np.int64), tuple(str(u) for u in uniq), len(uniq)
     if pos.min() < 0 or k.min() < 0:
@@ -161,12 +167,19 @@ def read_table(path: Path) -> Iterator[TraceRow]:
             rid = rows[seg[0]]
             if rid != current:
                 if current is not None:
-                    yield assemble(current, pd.concat(pending, ignore_index=True), str(path))
+                    try:
+                        finished = assemble(current, pd.concat(pending, ignore_index=True), str(path))
+                    except ValueError as e:  # the rest of the row may come later in the file
+                        raise ValueError(f"{e}; if its records continue after row {rid!r}, sort the table by row "
+                                         "(a row's records must be contiguous)") from None
+                    yield finished
                     done.add(current)
                 if rid in done:
                     raise ValueError(f"{path}: row {rid!r} comes back after other rows: a row's records must be "
                                      "contiguous (sort the table by row)")
                 current, pending = rid, []
             pending.append(df.iloc[seg])
-    if current is not None:
-        yield assemble(current, pd.concat(pending, ignore_index=True), str(path))
+    if current is None:
+        raise ValueError(f"{path}: no routing records" + (" (an export holds top-k picks as \"weight\" records of the "
+                                                          "unablated call: is it a top-k model's?)" if export else ""))
+    yield assemble(current, pd.concat(pending, ignore_index=True), str(path))
