@@ -7,12 +7,14 @@ printed with the page height (read them with `pytest -s`). Screenshots: test-art
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import time
 
 import pytest
 
 from test_browser_hf import MODEL_SHOWN
-from test_browser import ARTIFACTS, _caption_shows, _idle, _pick, _ready
+from test_browser import ARTIFACTS, PLOTS_SHOW, _caption, _caption_shows, _idle, _pick, _ready
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("transformers")
@@ -87,6 +89,8 @@ def test_controls_and_ablation_diff_at_scale(scale_root, app_url, browser, name,
     _ready(page, "updated in")
     _few_new_tokens(page)
     _pick(page, name)
+    # the new model's figures, not the previous model's page: until then a spec edit would also time the load
+    page.wait_for_function(MODEL_SHOWN, arg=name, timeout=300_000)
     if drop is None:
         page.get_by_text("Drop expert 1", exact=True).click()  # 4 experts: one box each, as before
     else:
@@ -138,3 +142,40 @@ def test_128_experts_by_48_layers_fit_one_screen(scale_root, app_url, browser):
           f"(viewport {VIEWPORT['height']} px)")
     assert 0 < column <= 1.2 * VIEWPORT["height"]
     page.close()
+
+
+TOGGLE_SPECS = ("*:1", "*:2", "*:3", "*:4", "*:5")  # each a new run (uncached): generation, trace, analyses
+
+
+def test_toggle_times_at_128_experts_by_24_layers(scale_root, app_url, browser):
+    """Issue 41's figure at 128 x 24 x top-8 (printed, never asserted; `benchmarks.bench_ablation
+    --browser` parses the line): a spec edit in the Routing view to the updated ablation caption, and
+    to every visible figure drawn with the new run (layout.meta) and painted."""
+    page = browser.new_page(viewport=VIEWPORT)
+    page.goto(app_url)
+    _ready(page, "updated in")
+    _few_new_tokens(page)
+    _pick(page, "qwen3-moe-128x24")
+    page.wait_for_function(MODEL_SHOWN, arg="qwen3-moe-128x24", timeout=300_000)
+    page.get_by_role("radio", name="Routing", exact=True).click()
+    caption, plots, server = [], [], []
+    for spec in TOGGLE_SPECS:
+        _idle(page)
+        t0 = time.perf_counter()
+        _spec(page, spec)
+        _caption_shows(page, f"drop {spec}", timeout=120_000)
+        caption.append(time.perf_counter() - t0)
+        page.wait_for_function(PLOTS_SHOW, arg=f"drop {spec}", timeout=120_000)
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")  # painted
+        plots.append(time.perf_counter() - t0)
+        server.append(float(re.search(r"updated in (\d+) ms", _caption(page))[1]) / 1000)
+    page.screenshot(path=str(ARTIFACTS / "scale_qwen3-moe-128x24_routing.png"), full_page=True)
+    page.close()
+
+    def summary(seconds: list[float]) -> str:
+        ms = [1000 * t for t in seconds]
+        return f"median {statistics.median(ms):.0f} ms ({', '.join(f'{x:.0f}' for x in ms)})"
+
+    print(f"\ntoggle-to-update at 128x24: caption {summary(caption)}, figures {summary(plots)}; "
+          f"of which server-side run: {summary(server)}")
+    assert len(caption) == len(TOGGLE_SPECS)
