@@ -2,13 +2,16 @@
 offline page, and optionally a pruned checkpoint.
 
     routescope importance CHECKPOINT --data FILE --out DIR [--layers L,L] [--options 0,3]
-        [--max-tokens N] [--engine ray] [--prune N --prune-out DIR]
+        [--max-tokens N] [--engine ray] [--prune N --prune-out DIR] [--holdout 0.5] [--in-sample-curve]
+        [--merge N [--merge-out DIR]]
 
 Writes into DIR (made if missing; files of the same names are replaced): importance, control,
-control_summary, proxies, proxy_agreement, pruning and pruning_curve as `.csv` and `.parquet`,
+control_summary, proxies, proxy_agreement, pruning, pruning_curve (and merge_curve with --merge) as
+`.csv` and `.parquet`,
 `importance.html` (the page) and `importance.json` (provenance). The dataset, the layers and
 options, and --prune are checked before the sweep: bad input is one line (exit 2) and nothing is
-written. Measured rows are kept in DIR/.importance-cache while the sweep runs: an interrupted run
+written. --prune and --merge rank the experts on part of the rows and judge on the others (--holdout):
+under 20 rows they are refused. Measured rows are kept in DIR/.importance-cache while the sweep runs: an interrupted run
 writes no table, and the same command again resumes where it stopped.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ from routescope.analysis.corpus.run import encode_head
 from routescope.analysis.export.batch import weights_sha256
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.reports import importance as I
+from routescope.analysis.reports.importance.holdout import split_rows
 from routescope.analysis.reports import prune as PR
 from routescope.rendering.importance_report import page  # plotly only, no Streamlit
 
@@ -49,18 +53,35 @@ def _list(spec: str | None, what: str, as_int: bool = False):
 def run(args: argparse.Namespace) -> int:
     if (args.prune is None) != (args.prune_out is None):
         raise ValueError("--prune N and --prune-out DIR go together")
+    if args.merge_out is not None and args.merge is None:
+        raise ValueError("--merge-out DIR writes the model with --merge N experts merged: give --merge N")
     settings = I.ImportanceSettings(layers=_list(args.layers, "layers"), options=_list(args.options, "options", True),
                                     max_tokens=args.max_tokens, batch_size=args.batch_size, control_draws=args.draws,
-                                    prune_draws=args.draws, method=args.method, float32=not args.model_dtype)
+                                    prune_draws=args.draws, method=args.method, float32=not args.model_dtype,
+                                    holdout=args.holdout, in_sample_curve=args.in_sample_curve,
+                                    merge_max=args.merge or 0)
     out = P.check_out_dir(args.out)
     prune_out = PR.check_prune_out(args.prune_out) if args.prune is not None else None
-    if args.prune is not None and (settings.layers or settings.options):
-        raise ValueError("--prune ranks every expert of every layer: leave out --layers and --options")
+    merge_out = PR.check_prune_out(args.merge_out, "--merge-out") if args.merge_out is not None else None
+    if prune_out is not None and merge_out is not None and prune_out.resolve() == merge_out.resolve():
+        raise ValueError("--prune-out and --merge-out name the same directory")
+    judge = "--prune" if args.prune is not None else "--merge" if args.merge is not None else None
+    if judge and (settings.layers or settings.options):
+        raise ValueError(f"{judge} ranks every expert of every layer: leave out --layers and --options")
     data = D.load_corpus(args.data, text_column=args.text_column)
     model, tok = load_with_tokenizer(args.checkpoint, **O.device_kwargs(args))
     I.scope_of(model, settings.layers, settings.options)  # bad layers / options: one line before any work
     if args.prune is not None:
         PR.check_prunable(model, args.prune)
+    if args.merge is not None:
+        PR.check_mergeable(model, args.merge)
+    split = None
+    if judge:  # ranked on some rows, judged on the others: too few rows is one line before any work
+        try:
+            split = split_rows(len(I.tokens_of(data, tok, model.context, settings.max_tokens).ids), settings.holdout,
+                               settings.seed)
+        except ValueError as e:
+            raise ValueError(f"{judge}: {e}") from None
     name = Path(args.checkpoint).resolve().name
     out.mkdir(exist_ok=True)
     with tqdm(total=1, desc=name, unit="row", disable=True if args.quiet else None) as bar:
@@ -77,14 +98,26 @@ def run(args: argparse.Namespace) -> int:
     P.write_file(out / "importance.json", json.dumps(doc, indent=1, ensure_ascii=False, default=str).encode("utf-8"))
     msg = f"wrote {len(written) + 2} files to {out} ({result.provenance['rows']:,} rows, " \
           f"{result.provenance['tokens']:,} tokens, {len(result['importance']):,} options)"
+    hold = result.provenance["holdout"]
+    prompt = _prompt(tok, data, model.context)
     if args.prune is not None:
-        scope = I.scope_of(model, None, None)
-        order = I.ranked(result["importance"], scope, "delta_nll")
+        order = hold["causal_order"]  # ranked on the ranking rows only
         drop = {l: sorted(os_[:args.prune]) for l, os_ in order.items()}
-        base, loss = I.dataset_loss(model, tok, data, settings, I.pruning_ablation(order, args.prune))
+        losses = I.dataset_loss(model, tok, data, settings, I.pruning_ablation(order, args.prune), rows=split.heldout)
         diff = PR.write_pruned(model, Path(args.checkpoint) / "tokenizer.json", drop, prune_out, model_name=name,
-                               provenance=result.provenance, loss=loss, prompt_ids=_prompt(tok, data, model.context))
-        msg += f"; pruned checkpoint in {prune_out} (loss {base:.4f} -> {loss:.4f}, logits within {diff:.2g})"
+                               provenance=result.provenance, losses=losses, prompt_ids=prompt)
+        msg += f"; pruned checkpoint in {prune_out} (held-out loss {losses[0]:.4f} -> {losses[1]:.4f}, logits " \
+               f"within {diff:.2g})"
+    if merge_out is not None:
+        into = {l: {int(d): t for d, t in p.items()} for l, p in hold["merge"]["plans"][str(args.merge)].items()}
+        curve = result["merge_curve"].set_index(["strategy", "n_removed"])["loss"]
+        losses = (float(curve[("merge", 0)]), float(curve[("merge", args.merge)]))
+        merged = model.merged_copy(into, hold["merge"]["usage"])
+        diff = PR.write_pruned(merged, Path(args.checkpoint) / "tokenizer.json", {l: sorted(p) for l, p in into.items()},
+                               merge_out, model_name=name, provenance=result.provenance, losses=losses,
+                               prompt_ids=prompt, into=into)
+        msg += f"; merged checkpoint in {merge_out} (held-out loss {losses[0]:.4f} -> {losses[1]:.4f}, logits " \
+               f"within {diff:.2g})"
     sys.stderr.write(msg + "\n")
     return 0
 

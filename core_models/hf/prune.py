@@ -1,10 +1,11 @@
-"""A transformers model without some experts (`HFModel.pruned_copy`), and writing a checkpoint with
-transformers' own save_pretrained."""
+"""A transformers model without some experts (`HFModel.pruned_copy`), one with some experts merged into
+others (`HFModel.merged_copy`, M-SMoE style), and writing a checkpoint with transformers' own
+save_pretrained."""
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -59,6 +60,66 @@ class PruneMixin:
                         state[k] = state[k].index_select(0, keep.to(state[k].device))
         new.load_state_dict(state, strict=True)
         return new.to(self.device).eval()
+
+    # --- merging: experts averaged into others (then removed by pruned_copy) ---------------------------
+    def expert_tensors(self, layer: str) -> list[str]:
+        """State-dict keys of routing layer `layer`'s experts module (its weights, stacked or not)."""
+        prefix = self.routing_modules[layer].block.experts + "."
+        return [k for k in self.hf.state_dict() if k.startswith(prefix)]
+
+    def merge_problem(self, n: int) -> str | None:
+        """Why `n` experts of every MoE layer cannot be merged into others (None: they can): pruning's
+        conditions, and each layer's experts one module of tensors stacked on their first axis
+        [experts, ...] (transformers 5's fused gate_up_proj / down_proj), which merging averages."""
+        why = self.prune_problem(n)
+        if why:
+            return why
+        for name, m in self.routing_modules.items():
+            block = m.block
+            if block.experts is None or block.routes_at_router:
+                return (f"{self.config.model_type}: layer {name}'s experts are not one experts(hidden, top_k_index, "
+                        "top_k_weights) module whose per-expert weights merging could average")
+            state = self.hf.state_dict()
+            keys = self.expert_tensors(name)
+            bad = [k for k in keys if state[k].dim() == 0 or state[k].shape[0] != m.n_experts]
+            if bad or not keys:
+                return (f"{self.config.model_type}: {bad[0] if bad else block.experts} is not a tensor stacked on "
+                        f"its first axis over the {m.n_experts} experts [experts, ...]: merging averages those")
+        return None
+
+    def every_expert_output(self, layer: str, hidden: torch.Tensor) -> torch.Tensor:
+        """[tokens, n_experts, hidden]: every routed expert of `layer` run on every token of `hidden`
+        [tokens, hidden] (the experts module's input), unweighted, by transformers' experts module."""
+        m = self.routing_modules[layer]
+        experts = self.hf.get_submodule(m.block.experts)
+        one = torch.ones(hidden.shape[0], 1, dtype=hidden.dtype, device=hidden.device)
+        idx = torch.zeros(hidden.shape[0], 1, dtype=torch.long, device=hidden.device)
+        return torch.stack([experts(hidden, idx + e, one) for e in range(m.n_experts)], 1)
+
+    def merged_copy(self, into: Mapping[str, Mapping[int, int]], usage: Mapping[str, Sequence[float]]) -> Any:
+        """A copy of this model (the same expert count) in which each kept expert t of a layer holds the
+        usage-weighted mean of its own weights and those of every expert d merged into it
+        (`into[layer][d] = t`), for every tensor of the experts module (M-SMoE: weights by how often
+        each was routed to, `usage[layer][expert]`; an equal mean where none of them was). The merged
+        experts' own weights and router rows stay: a run drops them (`Ablation`), and `pruned_copy`
+        of the copy removes them with their router rows, giving the same logits."""
+        state = self.hf.state_dict()
+        for layer, pairs in into.items():
+            groups: dict[int, list[int]] = {}
+            for d, t in sorted(pairs.items()):
+                groups.setdefault(int(t), [int(t)]).append(int(d))
+            u = torch.as_tensor(list(usage[layer]), dtype=torch.float64)
+            for k in self.expert_tensors(layer):
+                w = state[k].clone()
+                for t, members in groups.items():
+                    c = u[members]
+                    c = c / c.sum() if c.sum() > 0 else torch.full_like(c, 1.0 / len(members))
+                    c = c.to(w.device).reshape(-1, *[1] * (w.dim() - 1))
+                    w[t] = (c * w[members].double()).sum(0).to(w.dtype)
+                state[k] = w
+        hf = build_causal_lm(copy.deepcopy(self.hf.config), dtype=next(self.hf.parameters()).dtype)
+        hf.load_state_dict(state, strict=True)
+        return type(self)(self.config, hf.to(self.device).eval()).eval()
 
 
     @property

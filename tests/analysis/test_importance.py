@@ -125,7 +125,7 @@ def test_prefix_reuse_and_batched_ablations_equal_the_naive_loop(model_type, tok
         model, tok = load_checkpoint(save_hf(hf_model(model_type, tokenizer.get_vocab_size()),
                                              tmp_path / model_type, tokenizer))
     assert model.can_resume
-    s = dict(max_tokens=200, batch_size=4, control_draws=3, prune_draws=2)
+    s = dict(max_tokens=200, batch_size=4, control_draws=3, prune_draws=2, in_sample_curve=True)  # 6 rows: in-sample
     naive = importance(model, tok, corpus(), ImportanceSettings(method="naive", **s))
     fast = importance(model, tok, corpus(), ImportanceSettings(method="fast", ablations_per_forward=5, **s))
     assert fast.provenance["method"] == "prefix reuse, 5 ablation(s) per forward" and naive.provenance["method"].startswith("one full")
@@ -155,7 +155,8 @@ def test_row_ablations_equal_one_call_per_ablation(tokenizer, tmp_path):
 
 def test_a_stopped_run_resumes_from_its_cache(tmp_path):
     model, tok = load_checkpoint(OLMOE, dtype="float32")
-    s = ImportanceSettings(layers=("model.layers.2.mlp.gate",), batch_size=2, control_draws=2, prune_draws=1, prune_max=2)
+    s = ImportanceSettings(layers=("model.layers.2.mlp.gate",), batch_size=2, control_draws=2, prune_draws=1, prune_max=2,
+                           in_sample_curve=True)
     whole = importance(model, tok, corpus(), s)
     seen = []
 
@@ -237,7 +238,7 @@ def test_ray_engine_equals_one_process_and_resumes_from_its_cache(tmp_path):
     pytest.importorskip("ray", reason="ray is not installed (the distributed extra)")
     model, tok = load_checkpoint(OLMOE, dtype="float32")
     s = ImportanceSettings(layers=("model.layers.0.mlp.gate", "model.layers.3.mlp.gate"), max_tokens=150, batch_size=2,
-                           control_draws=2, prune_draws=2, prune_max=2)
+                           control_draws=2, prune_draws=2, prune_max=2, in_sample_curve=True)
     local = []
     one = importance(model, tok, corpus(), s, progress=lambda d, t: local.append((d, t)))
     ray_run = dict(weights_sha256="w", cache_dir=tmp_path, engine="ray", checkpoint=OLMOE, workers=2)

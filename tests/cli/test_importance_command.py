@@ -35,7 +35,8 @@ def test_tables_page_and_a_pruned_checkpoint_transformers_opens(tmp_path, capsys
     from transformers import AutoModelForCausalLM
 
     data = tmp_path / "<b onmouseover=alert(1)>x.txt"  # a file name is data: the page escapes it
-    data.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    rows = [f"{t} ({i})" for i in range(6) for t in TEXTS]  # 24 rows: --prune ranks on 12, judges on 12
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
     out, pruned = tmp_path / "out", tmp_path / "pruned"
     code, err = run(["--threads", "1", "importance", CK / "olmoe-tiny", "--data", data, "--out", out, "--draws", "2",
                      "--prune", "3", "--prune-out", pruned, "--quiet"], capsys)
@@ -62,8 +63,9 @@ def test_tables_page_and_a_pruned_checkpoint_transformers_opens(tmp_path, capsys
     meta = json.loads((pruned / "pruning.json").read_text())
     drop = {l: os_ for l, os_ in meta["dropped"].items()}
     assert all(len(v) == 3 for v in drop.values()) and len(drop) == 4
-    ranked = imp.sort_values(["layer", "delta_nll", "option"]).groupby("layer")["option"].apply(lambda s: sorted(s[:3]))
-    assert {l: sorted(v) for l, v in drop.items()} == ranked.to_dict()  # the least important by delta_nll
+    order = prov["holdout"]["causal_order"]  # ranked on the ranking rows (tests/analysis/test_importance_holdout.py)
+    assert {l: sorted(v) for l, v in drop.items()} == {l: sorted(o[:3]) for l, o in order.items()}
+    assert meta["losses_heldout"]["before"] != prov["base_loss"]  # judged on the held-out rows, not on all
     model, tok = load_checkpoint(CK / "olmoe-tiny", dtype="float32")
     x = torch.tensor([tok.encode("Once upon a time there was a dragon who liked tea.").ids])
     with torch.inference_mode():

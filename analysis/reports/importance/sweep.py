@@ -17,11 +17,15 @@ from routescope.core_models.ablation import Ablation
 
 from routescope.analysis.inputs.datasets import CorpusData
 from routescope.analysis.reports.importance.cache import cache_key, load_cache, save_cache
+from routescope.analysis.reports.importance.holdout import (Split, orders, parts_of, pruning_tables,
+                                                            ranking_effects, split_of, subset)
+from routescope.analysis.reports.importance.holdout import provenance as holdout_provenance
+from routescope.analysis.reports.importance.merge import merge_curve, merge_problem, merge_stats
 from routescope.analysis.reports.importance.measure import (Sums, Usage, measure_batch, per_forward_default,
                                                             resume_agrees)
 from routescope.analysis.reports.importance.plan import (COLUMNS, ImportanceResult, ImportanceSettings, Scope, Tokens,
                                                          batches, control_draws, drop, prune_range, pruning_ablation,
-                                                         ranked, scope_of, tokens_of)
+                                                         scope_of, tokens_of)
 from routescope.analysis.reports.importance.ray_workers import RaySpec, on_ray
 
 
@@ -153,11 +157,16 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     for ab in [drop(p) for p in singles] + [drop((l, o)) for l, _, o in draws]:
         ablations.setdefault(ab, len(ablations))
     prune_n = prune_range(scope, settings)
-    passes = 1 + bool(prune_n)
-    total = passes * len(tokens.ids)
+    split, why = split_of(len(tokens.ids), settings)  # pruning and merging judged on held-out rows (`holdout`)
+    parts = parts_of(split, len(tokens.ids), settings.in_sample_curve)
+    if why and (prune_n or settings.merge_max):
+        notes.append(why)
+    prune_n = prune_n if parts else []
+    total = len(tokens.ids) + (len({int(r) for _, rs in parts for r in rs}) if prune_n else 0)
     usage = Usage(run_model, scope)
     key_parts = {"weights": weights_sha256, "data": data.digest, "model": model.config.label,
-                 "settings": {k: v for k, v in asdict(settings).items() if k != "method"}}
+                 "settings": {k: v for k, v in asdict(settings).items()
+                              if k not in ("method", "holdout", "in_sample_curve", "merge_max")}}
     key = cache_key({**key_parts, "ablations": [a.describe() for a in ablations]})
     cache = cache_dir / f"effects-{key}.safetensors" if cache_dir is not None and weights_sha256 else None
     usage_done: list[bool] = []
@@ -207,14 +216,9 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     n = positions.sum()
     base_loss = float(sums.base_nll.sum() / n)
     tables = {"importance": imp, "control": ctl, "control_summary": csum, "proxies": prox, "proxy_agreement": agree}
-    if prune_n:
-        with torch.inference_mode():
-            tables.update(_pruning(run_model, tokens, scope, imp, use, prune_n, settings, fast, base_loss,
-                                   progress=progress, stop=stop, done_before=len(tokens.ids), total=total,
-                                   cache=cache_dir if cache is not None else None, key_parts=key_parts,
-                                   ray=ray))
-    elif settings.prune_max != 0:
-        notes.append("no pruning curve: it needs every routed option of each layer measured (no --options)")
+    judged = _judged(run_model, tokens, scope, imp, sums, [ablations[drop(p)] for p in singles], split, parts,
+                     prune_n, settings, fast, tables, notes, progress=progress, stop=stop, done_before=len(tokens.ids),
+                     total=total, cache=cache_dir if cache is not None else None, key_parts=key_parts, ray=ray)
     prov = {"model": name, "family": model.config.family, "label": model.config.label,
             "weights_sha256": weights_sha256, "dataset": data.name, "dataset_sha256": data.digest,
             "rows": len(tokens.ids), "tokens": int(sum(len(x) for x in tokens.ids)),
@@ -223,7 +227,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
             "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "method": (f"prefix reuse, {settings.ablations_per_forward or per_forward_default(run_model.device)} "
                        "ablation(s) per forward") if fast else "one full forward per ablation",
-            "settings": asdict(settings), "seconds": round(time.perf_counter() - t0, 3), "routescope": _version()}
+            "settings": asdict(settings), "holdout": judged, "seconds": round(time.perf_counter() - t0, 3),
+            "routescope": _version()}
     return ImportanceResult(tables, prov, notes)
 
 
@@ -234,46 +239,58 @@ def _version() -> str:
         return "unknown"
 
 
-def _pruning(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, use: pd.DataFrame, prune_n: list[int],
-             settings: ImportanceSettings, fast: bool, base_loss: float, *, progress, stop, done_before, total, cache,
-             key_parts, ray: RaySpec | None = None) -> dict[str, pd.DataFrame]:
-    """The pruning tables: per ranking (causal, usage, random draws) and N, the dataset loss with the N
-    least important routed experts of every layer dropped at once, and the curve of their means."""
-    rng = np.random.default_rng(settings.seed + 1)
-    orders = {("causal", 0): ranked(imp, scope, "delta_nll"), ("usage", 0): ranked(use.fillna(0), scope, "usage")}
-    for d in range(settings.prune_draws):
-        orders[("random", d)] = {l: [int(o) for o in rng.permutation(scope.routed[l])] for l in scope.layers}
-    ablations: dict[Ablation, int] = {}
-    plan = []
-    for (ranking, d), order in orders.items():
-        for n in prune_n:
-            ab = pruning_ablation(order, n)
-            if n:
-                ablations.setdefault(ab, len(ablations))
-            plan.append((ranking, n, d, ab, ", ".join(f"{l}:{o}" for l, os_ in order.items() for o in os_[:n])))
-    key = cache_key({**key_parts, "pruning": [a.describe() for a in ablations]})
-    sums = measure(model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                   cache=cache / f"pruning-{key}.safetensors" if cache is not None else None, key=key,
-                   done_before=done_before, total=total, ray=ray)
-    n_pos = tokens.positions.sum()
-    rows = []
-    for ranking, n, d, ab, dropped in plan:
-        delta = float(sums.d_nll[ablations[ab]].sum() / n_pos) if n else 0.0
-        rows.append({"ranking": ranking, "n_pruned": n, "draw": d, "loss": base_loss + delta, "delta_loss": delta,
-                     "dropped": dropped})
-    pr = pd.DataFrame(rows)
-    curve = pr.groupby(["ranking", "n_pruned"], sort=False)["loss"].agg(
-        loss="mean", loss_low=lambda v: np.percentile(v, 2.5), loss_high=lambda v: np.percentile(v, 97.5),
-        draws="count").reset_index()
-    curve["delta_loss"] = curve["loss"] - base_loss
-    return {"pruning": pr, "pruning_curve": curve}
+def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: Sums, index: list[int],
+            split: Split | None, parts: list, prune_n: list[int], settings: ImportanceSettings, fast: bool,
+            tables: dict[str, pd.DataFrame], notes: list[str], *, progress, stop, done_before, total, cache,
+            key_parts, ray: RaySpec | None) -> dict:
+    """Pruning and merging, ranked on the ranking rows and judged on the held-out rows (`holdout`,
+    `merge`): the pruning and merge_curve tables added to `tables`, why not to `notes`; the split's
+    provenance."""
+    if not prune_n and not settings.merge_max:
+        return holdout_provenance(split, tokens, None)
+    if not prune_range(scope, replace(settings, prune_max=None)):
+        if settings.prune_max != 0 or settings.merge_max:
+            notes.append("no pruning curve: it needs every routed option of each layer measured (no --options)")
+        return holdout_provenance(None, tokens, None)
+    rank_rows = split.ranking if split is not None else np.arange(len(tokens.ids))
+    with torch.inference_mode():
+        rank_use = Usage(model, scope)  # usage over the ranking rows only (one plain pass over them)
+        measure(model, subset(tokens, rank_rows), [], settings, fast=fast, on_prefix=rank_use.add)
+    # the per-row values the table's effects sum: ranked on the ranking rows' share of them only
+    order_of = orders(ranking_effects(imp, sums.d_nll[index], tokens.positions, rank_rows), rank_use.table(), scope,
+                      settings)
+    if prune_n:
+        key = cache_key({**key_parts, "pruning": [pruning_ablation(o, n).describe() for o in order_of.values()
+                                                  for n in prune_n], "rows": [[p, r.tolist()] for p, r in parts]})
+        with torch.inference_mode():
+            tables.update(pruning_tables(measure, model, tokens, scope, order_of, prune_n, parts, settings=settings,
+                                         fast=fast, progress=progress, stop=stop, done_before=done_before,
+                                         total=total, key=key, ray=ray,
+                                         cache=cache / f"pruning-{key}.safetensors" if cache is not None else None))
+    causal = order_of[("causal", 0)]
+    if settings.merge_max:
+        why = merge_problem(model, settings.merge_max) or (None if split is not None else "too few rows to hold out")
+        if why:
+            notes.append(f"no merge curve: {why}")
+        else:
+            stats = merge_stats(model, subset(tokens, split.ranking), settings)
+            curve, plans = merge_curve(measure, model, subset(tokens, split.heldout), causal, stats,
+                                       list(range(1, settings.merge_max + 1)), settings=settings, fast=fast, stop=stop)
+            tables["merge_curve"] = curve
+            out = holdout_provenance(split, tokens, causal)
+            return {**out, "merge": {"usage": {l: u.tolist() for l, u in stats.usage.items()},
+                                     "plans": {str(n): {l: {str(d): t for d, t in p.items()} for l, p in plan.items()}
+                                               for n, plan in plans.items()}}}
+    return holdout_provenance(split, tokens, causal)
 
 
 def dataset_loss(model: Any, tokenizer: Any, data: CorpusData, settings: ImportanceSettings,
-                 ablation: Ablation) -> tuple[float, float]:
-    """(unablated, ablated) mean next-token NLL over the dataset's tokens as the sweep takes them."""
+                 ablation: Ablation, rows: Sequence[int] | None = None) -> tuple[float, float]:
+    """(unablated, ablated) mean next-token NLL over the dataset's tokens as the sweep takes them (only
+    the token rows `rows`, indices, where given: the held-out rows of `holdout.split_rows`)."""
     run_model = float32_copy(model) if settings.float32 else model
     tokens = tokens_of(data, tokenizer, model.context, settings.max_tokens)
+    tokens = tokens if rows is None else subset(tokens, rows)
     with torch.inference_mode():
         sums = measure(run_model, tokens, [ablation], replace(settings, method="naive"), fast=False)
     n = tokens.positions.sum()
