@@ -49,9 +49,11 @@ def _chunks(path: Path) -> Iterator[pd.DataFrame]:
             for chunk in pd.read_csv(path, usecols=list(cols), dtype={c: str for c in text}, chunksize=CHUNK_ROWS,
                                      keep_default_na=False, na_values={c: [""] for c in cols if c not in text}):
                 if export:  # RouteScope's CSV format (analysis.export.csv_format): "\N" is NA, cells escaped
-                    for c in text:
-                        chunk[c] = pd.array([pd.NA if v == "\\N" else unescape_text(v) for v in chunk[c]],
-                                            dtype="string")
+                    for c in text:  # only cells that hold a quote prefix or an escape need decoding
+                        col = chunk[c].astype("string")
+                        coded = (col.str.startswith("'") | col.str.contains("\\", regex=False)).to_numpy(bool)
+                        col[coded] = [pd.NA if v == "\\N" else unescape_text(v) for v in col[coded]]
+                        chunk[c] = col
                 yield chunk
         except (pd.errors.ParserError, ValueError) as e:
             raise ValueError(f"{path}: unreadable CSV table ({str(e).splitlines()[0]})") from None
@@ -111,18 +113,16 @@ def assemble(rid: str, d: pd.DataFrame, where: str) -> TraceRow:
     k = _int(d["k"], "k", where)
     expert = _int(d["expert"], "expert", where)
     tok = _int(d["token_id"], "token_id", where)
-    layer = d["layer"].astype("string")
-    if layer.isna().any():
+    if d["layer"].isna().any():
         raise ValueError(f"{where}: missing layer")
-    as_int = pd.to_numeric(layer, errors="coerce")
-    if as_int.notna().all() and np.all(np.mod(as_int.to_numpy(dtype=float), 1) == 0):
-        lay, names = as_int.to_numpy().astype(np.int64), None
-        if lay.min() < 0:
-            raise ValueError(f"{where}: negative layer index {lay.min()}")
-        n_layers = int(lay.max()) + 1
+    # factorize first: a row has few distinct layers, so each is judged once (index or name)
+    codes, uniq = pd.factorize(d["layer"])
+    text = [str(u).strip() for u in uniq]
+    if all(t.isdigit() or (t.endswith(".0") and t[:-2].isdigit()) for t in text):  # 0-based indices
+        index = np.array([int(float(t)) for t in text], dtype=np.int64)
+        lay, names, n_layers = index[codes], None, int(index.max()) + 1
     else:  # names label the L axis in the order the row first gives them (the replay maps them to depth order)
-        codes, uniq = pd.factorize(layer)
-        lay, names, n_layers = codes.astype(np.int64), tuple(str(u) for u in uniq), len(uniq)
+        lay, names, n_layers = codes.astype(np.int64), tuple(text), len(text)
     if pos.min() < 0 or k.min() < 0:
         raise ValueError(f"{where}: negative {'position' if pos.min() < 0 else 'k'}")
     T, K = int(pos.max()) + 1, int(k.max()) + 1
