@@ -137,3 +137,56 @@ def test_corpus_inputs_survive_view_switches(downloads):  # noqa: F811
     assert names and all("probes" in n for n in names if n.endswith((".csv", ".parquet", ".html", ".json")))
     assert any(n.startswith("papaformer-gumbel-v2_vs_papaformer-gumbel-v1_probes_compare_") for n in names)
     assert not at.exception and not at.error, [e.value for e in at.error]
+
+
+def _matrix(at: AppTest) -> dict:
+    """The Routing view's expert matrix as the browser gets it (its plotly JSON)."""
+    import json
+
+    return next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Top-k routing"))
+
+
+def _array(v):
+    """A plotly JSON array: a list, or a typed array ({dtype, bdata (base64), shape})."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(v, dict):
+        shape = [int(n) for n in str(v.get("shape", "-1")).split(",")]
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).astype(float).reshape(shape)
+    return np.array(v, dtype=float)
+
+
+def test_the_routing_view_sends_one_layer_of_the_expert_matrix(big, monkeypatch):
+    """At many options the matrix goes to the browser a layer at a time, the layer of a picker that
+    follows the ablation controls' layer both ways; its panel is the run's router probabilities."""
+    import numpy as np
+
+    from routescope.analysis.runs.session import RunSettings, run_prompt
+
+    monkeypatch.setenv("ROUTESCOPE_CHECKPOINTS", str(Path(big).parent))
+    at = pick(fresh(), big)
+    at.slider(key=K.MAX_NEW).set_value(2).run()
+    at.segmented_control(key=K.VIEW).set_value("Routing").run()
+    layers = ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
+    picker = at.selectbox(key=K.view_layer_key(big))
+    assert list(picker.options) == [f"{i} · {l}" for i, l in enumerate(layers)] and picker.value == layers[0]
+    model, tok = load_checkpoint(big)
+    run = run_prompt(model, tok, at.text_area(key=K.PROMPT).value, settings=RunSettings(max_new_tokens=2))
+    probs = run.views["topk_probs"].frame
+    for layer in (layers[1], layers[0]):
+        at.selectbox(key=K.view_layer_key(big)).set_value(layer).run()
+        assert at.selectbox(key=K.layer_pick_key(big)).value == layer  # the ablation controls follow
+        fig = _matrix(at)
+        heat = [t for t in fig["data"] if t["type"] == "heatmap"]
+        assert len(heat) == 1 and layer in fig["layout"]["title"]["text"] and not fig["layout"].get("updatemenus")
+        p = probs[(probs["batch"] == 0) & (probs["layer"] == layer)]
+        z = np.full((128, len(run.display_tokens())), np.nan)
+        z[p["option"], p["position"]] = p["prob"]
+        got = _array(heat[0]["z"])
+        np.testing.assert_allclose(got, z, rtol=0, atol=5e-5)  # rounded to 4 decimals for the page
+    at.selectbox(key=K.layer_pick_key(big)).set_value(layers[1]).run()  # and the other way round
+    assert at.selectbox(key=K.view_layer_key(big)).value == layers[1] and layers[1] in _matrix(at)["layout"]["title"]["text"]
+    assert not at.exception and not at.error
