@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from routescope.analysis.corpus.page import OutputSet
 from routescope.analysis.replay import output as OUT
-from routescope.analysis.replay.compare import ReplaySettings
+from routescope.analysis.replay.compare import ReplaySettings, model_shape
 from routescope.analysis.replay.ray_replay import RaySpec, ray_references
 from routescope.analysis.replay.run import replay
 from routescope.analysis.replay.trace import read_trace
@@ -32,10 +32,6 @@ from .common import load
 def run(args: argparse.Namespace) -> int:
     out = OUT.check_out_dir(args.out)
     settings = ReplaySettings(tie_ulps=args.tie_ulps, trace_dtype=args.trace_dtype, batch_tokens=args.batch_tokens)
-    rows = read_trace(args.trace, fmt=args.trace_format)
-    first = next(rows, None)  # an unreadable or empty trace is refused before the model loads
-    if first is None:
-        raise ValueError(f"{args.trace}: the trace holds no rows")
     if args.engine == "ray":
         if args.device_map != "none":
             raise ValueError("--device-map: not with --engine ray (each worker loads its own copy)")
@@ -44,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             raise ValueError("--engine ray needs Ray: pip install 'routescope[distributed]'") from None
     model, tok = load(args.checkpoint, **O.device_kwargs(args))
+    shape = model_shape(model)  # SGLang's flat ids are shaped with its layers and k
+    rows = read_trace(args.trace, fmt=args.trace_format, n_layers=len(shape.layers), top_k=shape.k)
+    first = next(rows, None)
+    if first is None:
+        raise ValueError(f"{args.trace}: the trace holds no rows")
     model32 = model.float32_copy() if args.reference_dtype == "float32" and args.engine != "ray" else None
     refs = ray_references(RaySpec(args.checkpoint, args.workers, args.dtype, args.reference_dtype == "float32")) \
         if args.engine == "ray" else None

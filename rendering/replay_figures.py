@@ -56,11 +56,11 @@ def divergence_figure(first: pd.DataFrame) -> go.Figure:
 def row_map(detail: RowResult, layers: Sequence[str], k: int, tokens: Sequence[str] | None = None) -> go.Figure:
     """Layer (y) x position (x) of the row's overlap / k; hover: the token and the layer."""
     z = (detail.overlap.T / k).astype(float)  # [L, n]
-    n = z.shape[1]
-    labels = list(tokens[:n]) if tokens is not None else [str(t) for t in detail.token_ids[:n]]
-    hover = [[f"position {p}: {labels[p]!r}<br>{layers[l]}<br>overlap {int(detail.overlap[p, l])}/{k}"
+    n, s = z.shape[1], detail.start
+    labels = list(tokens[s:s + n]) if tokens is not None else [str(t) for t in detail.token_ids[s:s + n]]
+    hover = [[f"position {s + p}: {labels[p]!r}<br>{layers[l]}<br>overlap {int(detail.overlap[p, l])}/{k}"
               for p in range(n)] for l in range(len(layers))]
-    fig = go.Figure(go.Heatmap(z=z, x=list(range(n)), y=list(layers), zmin=0, zmax=1, colorscale="RdBu",
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(s, s + n)), y=list(layers), zmin=0, zmax=1, colorscale="RdBu",
                                customdata=hover, hovertemplate="%{customdata}<extra></extra>",
                                colorbar=dict(title="overlap/k")))
     fig.update_layout(xaxis_title="position", height=120 + 22 * len(layers), margin=dict(l=40, r=10, t=20, b=40),
@@ -69,12 +69,14 @@ def row_map(detail: RowResult, layers: Sequence[str], k: int, tokens: Sequence[s
 
 
 def row_text_html(detail: RowResult, layers: Sequence[str], tokens: Sequence[str] | None = None) -> str:
-    """The row's tokens as escaped HTML, each differing token marked, its title naming its layers."""
-    n = len(detail.first)
-    labels = list(tokens[:n]) if tokens is not None else [f"<{t}>" for t in detail.token_ids[:n]]
-    parts = []
-    for p in range(n):
-        bad = np.nonzero(~detail.equal[p])[0]
+    """The row's tokens as escaped HTML, each differing token marked, its title naming its layers
+    (tokens before the routing's start, context only, in grey)."""
+    n, s = len(detail.first), detail.start
+    labels = list(tokens) if tokens is not None else [f"<{t}>" for t in detail.token_ids]
+    parts = [f'<span style="color:#888" title="position {p}: context, not compared">{text(labels[p])}</span>'
+             for p in range(min(s, len(labels)))]
+    for p in range(s, s + n):
+        bad = np.nonzero(~detail.equal[p - s])[0]
         if len(bad):
             title = f"position {p}: differs at " + ", ".join(layers[i] for i in bad)
             parts.append(f'<mark class="rs-mismatch" style="background:#f8c4c4" title="{attr(title)}">'

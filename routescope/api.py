@@ -8,7 +8,7 @@ from typing import Any
 from routescope.analysis.drift import DriftSettings
 from routescope.analysis.drift import drift as drift_run
 from routescope.analysis.inputs.datasets import CorpusData, load_corpus
-from routescope.analysis.replay.compare import ReplaySettings
+from routescope.analysis.replay.compare import ReplaySettings, model_shape
 from routescope.analysis.replay.run import replay as replay_trace
 from routescope.analysis.replay.trace import read_trace
 from routescope.analysis.reports.importance import ImportanceSettings
@@ -69,7 +69,9 @@ def replay(model: Any, trace: Any, *, reference_float32: bool = False, trace_for
     does not) or an iterable of `TraceRow`s. `reference_float32`: also run a float32 copy (the
     mismatches' gone_in_float32). `settings`: `ReplaySettings` fields (tie_ulps, trace_dtype,
     batch_tokens, keep_rows)."""
-    rows = read_trace(trace, fmt=trace_format) if isinstance(trace, (str, PathLike)) else trace
+    shape = model_shape(model)  # SGLang's flat ids are shaped with the model's layers and k
+    rows = read_trace(trace, fmt=trace_format, n_layers=len(shape.layers), top_k=shape.k) \
+        if isinstance(trace, (str, PathLike)) else trace
     return replay_trace(model, rows, settings=ReplaySettings(**settings),
                         float32_model=model.float32_copy() if reference_float32 else None, name=name,
                         trace=str(trace) if isinstance(trace, (str, PathLike)) else "")

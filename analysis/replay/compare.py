@@ -154,8 +154,9 @@ def _ids_text(a: np.ndarray) -> list[str]:
 
 @dataclass
 class RowResult:
-    """One compared row. equal, overlap: [n, L] over the first n positions both hold; first: [n]
-    each position's first divergent layer (-1: none); mismatches: the `MISMATCH_COLUMNS` records."""
+    """One compared row. equal, overlap: [n, L] over the n positions from `start` that both the trace
+    and the token ids hold; first: [n] each position's first divergent layer (-1: none); mismatches:
+    the `MISMATCH_COLUMNS` records (positions within the row's token ids)."""
 
     row: str
     token_ids: np.ndarray
@@ -163,33 +164,36 @@ class RowResult:
     overlap: np.ndarray
     first: np.ndarray
     mismatches: pd.DataFrame
+    start: int = 0
 
 
 def compare_row(row: TraceRow, engine: np.ndarray, ref: Reference, shape: Shape, *, dtype: torch.dtype,
                 tie_ulps: float, ref32: np.ndarray | None = None) -> RowResult:
-    """The row's comparison (module doc). engine: [T', L, k] in depth order (`aligned`); ref32: [T, L, k]
-    the float32 reference's ids, or None (then gone_in_float32 is missing)."""
-    n = min(len(engine), len(ref.ids))
-    e, r = engine[:n], ref.ids[:n]
+    """The row's comparison (module doc). engine: [T', L, k] in depth order (`aligned`), engine[i] the
+    routing of position `row.start + i`; ref: the reference over every position of the row's token
+    ids; ref32: [T, L, k] the float32 reference's ids, or None (then gone_in_float32 is missing)."""
+    s = int(row.start)
+    n = max(0, min(len(engine), len(ref.ids) - s))
+    e, r = engine[:n], ref.ids[s:s + n]
     overlap = (r[..., :, None] == e[..., None, :]).any(-1).sum(-1)  # reference ids are distinct
     equal = overlap == shape.k
-    first = np.where(equal.all(1), -1, np.argmax(~equal, axis=1))
+    first = np.where(equal.all(1), -1, np.argmax(~equal, axis=1)) if n else np.zeros(0, dtype=np.int64)
     t, l = np.nonzero(~equal)
-    margin, kth = ref.margin[t, l], ref.kth[t, l]
+    margin, kth = ref.margin[s + t, l], ref.kth[s + t, l]
     if ref32 is not None:
-        r32 = ref32[:n][t, l]
+        r32 = ref32[s + t, l]
         gone = pd.array((r32[:, :, None] == e[t, l][:, None, :]).any(-1).sum(-1) == shape.k, dtype="boolean")
     else:
         gone = pd.array([pd.NA] * len(t), dtype="boolean")
     tokens = np.asarray(row.token_ids, dtype=np.int64)
     mism = pd.DataFrame({
-        "row": pd.array([row.row] * len(t), dtype="string"), "position": t.astype(np.int64),
-        "token_id": tokens[t], "layer": pd.array([shape.layers[i] for i in l], dtype="string"),
+        "row": pd.array([row.row] * len(t), dtype="string"), "position": (s + t).astype(np.int64),
+        "token_id": tokens[s + t], "layer": pd.array([shape.layers[i] for i in l], dtype="string"),
         "engine_experts": pd.array(_ids_text(e[t, l]), dtype="string"),
         "reference_experts": pd.array(_ids_text(r[t, l]), dtype="string"),
         "margin": margin.astype(np.float64), "near_tie": margin <= near_tie_threshold(kth, dtype, tie_ulps),
         "gone_in_float32": gone})
-    return RowResult(row.row, tokens, equal, overlap, first, mism)
+    return RowResult(row.row, tokens, equal, overlap, first, mism, s)
 
 
 class Tally:

@@ -39,7 +39,8 @@ def _float32(path: str, mtime: float, _model):
 def _replayed(path: str, mtime: float, trace: str, digest: str, fmt: str | None, settings: ReplaySettings,
               float32: bool, _model):
     """The replay of `trace` (its content's digest in the key), shared by every session."""
-    return replay(_model, read_trace(trace, fmt=fmt), settings=settings,
+    shape = model_shape(_model)
+    return replay(_model, read_trace(trace, fmt=fmt, n_layers=len(shape.layers), top_k=shape.k), settings=settings,
                   float32_model=_float32(path, mtime, _model) if float32 else None, name=Path(path).name,
                   trace=Path(trace).name)
 

@@ -252,3 +252,36 @@ def test_ray_engine_writes_the_tables_of_one_process(tmp_path, capsys):
     for name in TABLES:
         pd.testing.assert_frame_equal(one[name], ray_[name])
     assert len(one["mismatches"]) == 1
+
+
+def test_vllm_and_sglang_traces_replay_against_transformers_routing(tmp_path, capsys):
+    """A vLLM request output (routing over prompt + output - 1 tokens) and an SGLang /generate response
+    (base64 int32, routed_experts_start_len 2), each holding transformers' own routing, one SGLang id
+    swapped: agreement 1 but for that swap, at the position the start length puts it."""
+    import base64
+
+    ids = encode(TEXTS[:2])
+    routes = hf_routes(CK / "olmoe-tiny", ids)
+    (x0, (r0, _)), (x1, (r1, logits1)) = zip(ids, routes)
+    vllm = {"request_id": "v", "prompt_token_ids": x0[:5], "outputs": [{"index": 0, "token_ids": x0[5:],
+                                                                      "routed_experts": r0[:-1].tolist()}]}
+    start, e1 = 2, r1[2:-1].copy()
+    e1[1, 2, -1] = int(np.argmin(logits1[start + 1, 2]))
+    sglang = {"text": "", "input_ids": x1[:6], "output_ids": x1[6:],
+              "meta_info": {"id": "s", "routed_experts_start_len": start,
+                            "routed_experts": base64.b64encode(e1.astype("<i4").tobytes()).decode()}}
+    found = {}
+    for name, line in (("vllm", vllm), ("sglang", sglang)):
+        trace = tmp_path / f"{name}.jsonl"
+        trace.write_text(json.dumps(line) + "\n", encoding="utf-8")
+        out = tmp_path / name
+        code, err = run(["--threads", "1", "replay", CK / "olmoe-tiny", "--trace", trace, "--out", out, "--dtype",
+                         "float32", "--quiet"], capsys)
+        assert code == 0, err
+        found[name] = read(out)
+    assert (found["vllm"]["agreement"]["agreement"] == 1.0).all()
+    assert found["vllm"]["agreement"]["tokens"].iloc[0] == len(x0) - 1
+    m = found["sglang"]["mismatches"]
+    assert found["sglang"]["agreement"]["tokens"].iloc[0] == len(x1) - 1 - start
+    assert list(zip(m["row"], m["position"], m["layer"])) == [("s", start + 1, "model.layers.2.mlp.gate")]
+    assert m["token_id"].iloc[0] == x1[start + 1]
