@@ -120,3 +120,11 @@ EXPERTS_DRAWS = "experts_draws"
 EXPERTS_RUN = "experts_run"
 EXPERTS_CANCEL = "experts_cancel"
 EXPERTS_SORT = "experts_sort"
+EXPERTS_METHOD = "experts_method"
+EXPERTS_CONFIRM = "experts_confirm"
+EXPERTS_MERGE = "experts_merge"
+EXPERTS_IN_SAMPLE = "experts_in_sample"
+# the view's inputs kept across view switches (as the Corpus view's: CORPUS_KEPT)
+EXPERTS_KEPT = (EXPERTS_SOURCE, EXPERTS_SHIPPED, EXPERTS_PATH, EXPERTS_LAYERS, EXPERTS_MAX_TOKENS, EXPERTS_DRAWS,
+                EXPERTS_SORT, EXPERTS_METHOD, EXPERTS_CONFIRM, EXPERTS_MERGE, EXPERTS_IN_SAMPLE)
+EXPERTS_UPLOADED = "experts_uploaded::kept"  # (name, file id, bytes) of the last uploaded dataset

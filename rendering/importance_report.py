@@ -1,11 +1,7 @@
-"""Figures of an expert-importance sweep (`analysis.reports.importance`) and its offline page: plotly only,
-no Streamlit, so the CLI's page and the app's Experts view draw the same figures.
-
-- heatmap: layer x option of `delta_nll`, options in their order or sorted by effect per layer; a
-  cell whose interval lies outside its layer's random-expert control is marked ★;
-- proxies: each cheap proxy against `delta_nll`, one panel per proxy (Spearman per layer on hover);
-- pruning: the dataset loss against experts pruned per layer, one curve per ranking (the random
-  ranking with its interval over draws).
+"""An expert-importance sweep (`analysis.reports.importance`) as figures with their captions and as one
+offline page: plotly only, no Streamlit, so the CLI's page and the app's Experts view show the same
+figures, captions and notes. The figures are `importance_figures`' (heatmap, per-layer effects with
+intervals, estimate against exact, pruning and merging) and the proxies' scatter here.
 """
 from __future__ import annotations
 
@@ -19,51 +15,28 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from routescope.analysis.corpus.page import html_table, render_page
-from routescope.analysis.reports.importance import outside_control
+from routescope.rendering import importance_figures as F
 
 PROXIES = (("usage", "usage"), ("gate_usage", "gate-weighted usage"), ("reap", "REAP"))
 SECTIONS = {
     "heatmap": ("Causal importance", "Mean next-token NLL with each expert dropped alone minus without, over every "
-                "predicted position of the dataset (teacher-forced). ★: its 95% bootstrap interval lies outside the "
-                "interval of its layer's random-expert control."),
+                "predicted position of the dataset (teacher-forced). Blue: the loss rises when the expert is dropped; "
+                "red: it falls; white: no change. ★: its 95% bootstrap interval lies outside the interval of its "
+                "layer's random-expert control."),
+    "effects": ("Each expert with its interval", "One layer at a time (pick it in the menu at the top right): each "
+                "expert's effect with its 95% bootstrap interval over rows (whiskers), over the band of the layer's "
+                "random-expert control. The axis names each expert, sorted or not."),
+    "estimate": ("First-order estimate against the exact effect", "Over the experts measured both ways: the estimate "
+                 "from one forward and one backward pass (x) against the exact drop (y); on the dotted line they agree. "
+                 "The legend gives each layer's Spearman rho (estimate agreement table)."),
     "proxies": ("Cheap proxies against the causal effect", "Each proxy against delta_nll per expert (REAP: mean "
                 "over the tokens routed to the expert of router weight x the norm of its output). Hover a point for its "
                 "layer's Spearman rho, listed in the proxy agreement table: where it is low, the proxy does not rank "
                 "experts as dropping them does."),
-    "pruning": ("Pruning what-if", "Dataset loss with the N least important experts of every layer dropped at once, "
-                "ranked by causal effect, by usage and at random (band: 95% of the random draws)."),
+    "pruning": ("Pruning and merging what-if", "Loss with the N least important experts of every layer removed at "
+                "once, judged on held-out rows that did not rank them: dropped (ranked by causal effect, by usage and at "
+                "random; band: 95% of the random draws) or merged into their most similar kept expert."),
 }
-
-
-def flagged(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    imp = tables["importance"].copy()
-    imp["outside_control"] = outside_control(imp, tables["control_summary"]) if len(tables["control_summary"]) \
-        else False
-    return imp
-
-
-def heatmap(tables: Mapping[str, pd.DataFrame], sort: bool = False) -> go.Figure:
-    imp = flagged(tables)
-    layers = list(dict.fromkeys(imp["layer"]))
-    if sort:  # each layer's options by effect, largest first: column j is the j-th most important
-        imp = imp.sort_values(["layer", "delta_nll"], ascending=[True, False])
-        imp["col"] = imp.groupby("layer", sort=False).cumcount()
-    else:
-        imp["col"] = imp["option"]
-    z = imp.pivot(index="layer", columns="col", values="delta_nll").reindex(layers)
-    text = imp.assign(t=np.where(imp["outside_control"], "★", "")).pivot(index="layer", columns="col",
-                                                                         values="t").reindex(layers)
-    hover = imp.assign(h=[f"{r.label}<br>delta_nll {r.delta_nll:.4g} [{r.delta_nll_low:.4g}, {r.delta_nll_high:.4g}]"
-                          f"<br>KL {r.kl:.3g} · flips {r.flip_rate:.3g} · usage {r.usage:.3g}"
-                          for r in imp.itertuples()]).pivot(index="layer", columns="col", values="h").reindex(layers)
-    fig = go.Figure(go.Heatmap(z=z.to_numpy(), x=list(z.columns), y=layers, text=text.fillna("").to_numpy(),
-                               texttemplate="%{text}", customdata=hover.fillna("").to_numpy(),
-                               hovertemplate="%{y}<br>%{customdata}<extra></extra>", colorscale="Viridis",
-                               colorbar=dict(title="ΔNLL")))
-    fig.update_layout(xaxis_title="rank within layer (most important first)" if sort else "option",
-                      yaxis=dict(autorange="reversed"), height=max(260, 28 * len(layers) + 140),
-                      margin=dict(l=10, r=10, t=30, b=40))
-    return fig
 
 
 def proxies(tables: Mapping[str, pd.DataFrame]) -> go.Figure:
@@ -85,28 +58,29 @@ def proxies(tables: Mapping[str, pd.DataFrame]) -> go.Figure:
     return fig
 
 
-def pruning(tables: Mapping[str, pd.DataFrame]) -> go.Figure | None:
-    curve = tables.get("pruning_curve")
-    if curve is None or not len(curve):
-        return None
-    fig = go.Figure()
-    for ranking, g in curve.groupby("ranking", sort=False):
-        if ranking == "random" and (g["draws"] > 1).any():
-            fig.add_trace(go.Scatter(x=list(g["n_pruned"]) + list(g["n_pruned"])[::-1],
-                                     y=list(g["loss_high"]) + list(g["loss_low"])[::-1], fill="toself",
-                                     line=dict(width=0), opacity=0.25, name="random (95% of draws)",
-                                     hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=g["n_pruned"], y=g["loss"], mode="lines+markers", name=f"by {ranking}"))
-    fig.update_layout(xaxis_title="experts pruned per layer", yaxis_title="dataset loss (mean NLL)", height=360,
-                      margin=dict(l=10, r=10, t=30, b=40))
-    return fig
+def figures(tables: Mapping[str, pd.DataFrame], sort: bool = False,
+            in_sample: bool = False) -> dict[str, go.Figure]:
+    """The sweep's figures by section name (SECTIONS), those its tables can draw."""
+    out = {"heatmap": F.heatmap(tables), "effects": F.effects(tables, sort), "estimate": F.estimate_scatter(tables),
+           "proxies": proxies(tables), "pruning": F.pruning(tables, in_sample)}
+    return {k: v for k, v in out.items() if v is not None}
 
 
-def figures(tables: Mapping[str, pd.DataFrame], sort: bool = False) -> dict[str, go.Figure]:
-    out = {"heatmap": heatmap(tables, sort), "proxies": proxies(tables)}
-    fig = pruning(tables)
-    if fig is not None:
-        out["pruning"] = fig
+def captions(tables: Mapping[str, pd.DataFrame], in_sample: bool = False) -> dict[str, list[str]]:
+    """Lines shown under a section's figure (the view and the page alike): which cells are estimates,
+    the layers where the estimate ranks badly, what the pruning curve was judged on."""
+    imp = F.flagged(tables)
+    out: dict[str, list[str]] = {"heatmap": [], "estimate": [], "pruning": [F.pruning_caption(tables, in_sample)]}
+    est = int((~imp["exact"] & imp["effect"].notna()).sum())
+    if est:
+        out["heatmap"].append(f"{est:,} of {len(imp):,} experts were not measured exactly: their cells show the "
+                              "first-order estimate (diamonds in the chart below, no interval).")
+    if F.ESTIMATE not in imp:
+        out["estimate"].append("This sweep made no first-order estimate (no delta_nll_estimate column).")
+    elif F.agreement(tables) is None:
+        out["estimate"].append("No estimate_agreement table: no expert was measured both ways.")
+    else:
+        out["estimate"] += F.low_agreement(tables) or ["The estimate ranks every layer at Spearman ρ 0.5 or more."]
     return out
 
 
@@ -114,10 +88,14 @@ def page(tables: Mapping[str, pd.DataFrame], provenance: Mapping[str, Any], note
     """The sweep as one offline page: the figures, then every table (escaped), all data as JSON."""
     esc = html.escape
     extra, first = [], True
-    for name, fig in figures(tables).items():
+    curve = tables.get("pruning_curve")
+    in_sample = curve is not None and "evaluated_on" in curve and (curve["evaluated_on"] == F.IN_SAMPLE).any()
+    lines = captions(tables, in_sample)  # the in-sample curve is in the tables only when it was asked for
+    for name, fig in figures(tables, in_sample=in_sample).items():
         heading, text = SECTIONS[name]
+        below = "".join(f"<p class='note'>{esc(n)}</p>" for n in lines.get(name, ()))
         extra.append((name, heading, f"<p>{esc(text)}</p>" + fig.to_html(full_html=False, include_plotlyjs=first,
-                                                                         div_id=f"fig-{name}")))
+                                                                         div_id=f"fig-{name}") + below))
         first = False
     for name, df in tables.items():
         extra.append((f"table-{name}", name.replace("_", " ").capitalize(), html_table(df)))

@@ -66,6 +66,8 @@ def test_sweep_from_the_view_equals_the_analysis(tmp_path):
     at.text_input(key=K.EXPERTS_PATH).set_value(str(data)).run()
     at.multiselect(key=K.EXPERTS_LAYERS).set_value(["model.layers.1.mlp.gate", "model.layers.2.mlp.gate"]).run()
     at.number_input(key=K.EXPERTS_DRAWS).set_value(3).run()
+    if at.get("selectbox") and any(b.key == K.EXPERTS_METHOD for b in at.selectbox):
+        at.selectbox(key=K.EXPERTS_METHOD).set_value("exact").run()  # every expert dropped, as the analysis' default
     at.button(key=K.EXPERTS_RUN).click().run()
     until_done(at)
     shown = next(d.value for d in at.dataframe if isinstance(d.value, pd.DataFrame) and "delta_nll_low" in d.value)
@@ -76,9 +78,11 @@ def test_sweep_from_the_view_equals_the_analysis(tmp_path):
     got = shown.sort_values(["layer", "option"]).reset_index(drop=True)
     assert np.array_equal(got["delta_nll"].to_numpy(), want["delta_nll"].to_numpy())
     assert "outside_control" in got and len(got) == 32
-    assert len(at.get("plotly_chart")) == 3  # heatmap, proxies, pruning (in the two layers chosen)
+    # heatmap, effects with intervals, proxies; pruning where the rows split into ranking and held-out ones,
+    # the estimate scatter where experts were measured both ways
+    assert len(at.get("plotly_chart")) >= 3
     at.toggle(key=K.EXPERTS_SORT).set_value(True).run()
-    assert not at.exception and len(at.get("plotly_chart")) == 3
+    assert not at.exception and len(at.get("plotly_chart")) >= 3
 
 
 def test_cancel_then_resume(tmp_path, monkeypatch):
@@ -113,7 +117,7 @@ def test_cancel_then_resume(tmp_path, monkeypatch):
     assert any("cancelled" in w.value for w in at.warning)
     at.button(key=K.EXPERTS_RUN).click().run()
     until_done(at)
-    assert len(at.get("plotly_chart")) == 3
+    assert len(at.get("plotly_chart")) >= 3
 
 
 def test_a_model_without_routing_layers_says_so():
