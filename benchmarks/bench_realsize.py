@@ -18,7 +18,7 @@ two runs:
   of one 64-token prompt as its own process.
 
 Goals (issue 27): load <= 1.1x plain; peak anonymous memory <= 1.1x plain; pick -> heatmap <=
-plain load + 2 s; drop toggle <= 1.2x one plain forward + 300 ms; corpus throughput >= 0.95x plain
+plain load + one plain forward + 2 s (issue 41: the forward is the CPU floor); drop toggle <= 1.2x one plain forward + 300 ms; corpus throughput >= 0.95x plain
 forward; export <= 1.2x (plain load + forward). The export is a process of its own, so its
 denominator is too: a plain transformers script that loads the checkpoint and runs the same 64 ids,
 started the same way (interpreter start and imports on both sides; the in-process figure, which
@@ -171,7 +171,7 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
             out["prompt_tokens"] = len(tok.encode(prompt).ids)  # what run_prompt encodes: TOKENS, as plain's
             t0 = time.perf_counter()
             run = run_prompt(model, tok, prompt, settings=settings, table=False)  # as the app: no export table
-            figs, _ = draw_run(run, model)
+            figs, _ = draw_run(run, model, stacked=True, layered=True)  # as the Routing view draws them
             out["first_heatmap_s"] = out["load_s"] + time.perf_counter() - t0
             out["figures"] = sorted(figs)
             layer = next(iter(model.routing_layers()))
@@ -179,7 +179,7 @@ def child(p: dict[str, Any]) -> dict[str, Any]:
             for o in range(3):  # as the app redraws after a toggle: the prompt pass, its views and figures
                 t0 = time.perf_counter()
                 draw_run(run_prompt(model, tok, prompt, settings=settings, ablation=Ablation(drop=((layer, o),)),
-                                    table=False), model)
+                                    table=False), model, stacked=True, layered=True)
                 times.append(time.perf_counter() - t0)
             out["toggle_s"] = C.median(times)
             out["corpus_tok_s"] = _corpus_throughput(model, vocab)
@@ -273,8 +273,8 @@ def run(args) -> C.Report:
             C.Goal(f"{tag}.load", f"{name}: load / plain load", "<=", 1.1, ours["load_s"] / plain["load_s"]),
             C.Goal(f"{tag}.memory", f"{name}: peak anonymous memory / plain", "<=", 1.1,
                    ours["peak_anon_gib"] / plain["peak_anon_gib"]),
-            C.Goal(f"{tag}.heatmap", f"{name}: pick -> first heatmap minus plain load", "<=", 2.0,
-                   ours["first_heatmap_s"] - plain["load_s"], "s"),
+            C.Goal(f"{tag}.heatmap", f"{name}: pick -> first heatmap minus (plain load + one plain forward)", "<=",
+                   2.0, ours["first_heatmap_s"] - plain["load_s"] - plain["forward_s"], "s"),
             C.Goal(f"{tag}.toggle", f"{name}: drop toggle / (1.2 x plain forward + 0.3 s)", "<=", 1.0,
                    ours["toggle_s"] / (1.2 * plain["forward_s"] + 0.3)),
             C.Goal(f"{tag}.corpus", f"{name}: corpus throughput / plain forward's", ">=", 0.95,
