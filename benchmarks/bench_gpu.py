@@ -280,7 +280,7 @@ def _importance(model: Any, tok: Any, path: Path, emit: Callable[..., None]) -> 
     layer = layers[len(layers) // 2]
     results = {}
     for label, method, k in (("fast1", "fast", 1), ("fast16", "fast", 16), ("naive", "naive", 1)):
-        s = I.ImportanceSettings(layers=(layer,), max_tokens=2048, method=method, ablations_per_forward=k,
+        s = I.ImportanceSettings(layers=(layer,), max_tokens=2048, sweep=method, ablations_per_forward=k,
                                  control_draws=2, prune_max=0, bootstrap=100)
         t0 = time.perf_counter()
         r = I.importance(model, tok, data, s, name="olmoe-shape")

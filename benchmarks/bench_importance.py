@@ -2,8 +2,8 @@
 
 1. olmoe-tiny (checkpoints/olmoe-tiny, 4 layers x 16 experts, top-4), every layer x every expert
    over the first 10,000 tokens of the shipped validation split (float32 effects, no control draws
-   and no pruning curve: the sweep alone): `method="fast"` (prefix reuse + many ablations per
-   forward) and `method="naive"` (one full forward per ablation), interleaved in one process; wall
+   and no pruning curve: the sweep alone): `sweep="fast"` (prefix reuse + many ablations per
+   forward) and `sweep="naive"` (one full forward per ablation), interleaved in one process; wall
    and process CPU seconds, their ratio, and the largest difference of the two delta_nll columns.
 2. A random OLMoE-shaped model with 64 experts x 16 layers (hidden 128, top-8, built from
    transformers' OlmoeConfig): seconds per (layer, expert) of the fast sweep (experts 0-7 of every
@@ -47,7 +47,7 @@ def sweep_olmoe(args, rep: C.Report) -> dict:
     tables = {}
     for r in range(1 if args.quick else 2):
         for method in (("fast", "naive") if r % 2 == 0 else ("naive", "fast")):
-            res, wall, cpu = _timed(lambda: importance(model, tok, data, ImportanceSettings(method=method, **s)))
+            res, wall, cpu = _timed(lambda: importance(model, tok, data, ImportanceSettings(sweep=method, **s)))
             runs[method].append((wall, cpu))
             tables[method] = res
     fast, naive = tables["fast"]["importance"], tables["naive"]["importance"]

@@ -2,11 +2,13 @@
 offline page, and optionally a pruned checkpoint.
 
     routescope importance CHECKPOINT --data FILE --out DIR [--layers L,L] [--options 0,3]
+        [--method estimate|exact|both] [--confirm N] [--sweep fast|naive]
         [--max-tokens N] [--engine ray] [--prune N --prune-out DIR] [--holdout 0.5] [--in-sample-curve]
         [--merge N [--merge-out DIR]]
 
 Writes into DIR (made if missing; files of the same names are replaced): importance, control,
-control_summary, proxies, proxy_agreement, pruning, pruning_curve (and merge_curve with --merge) as
+control_summary, proxies, proxy_agreement, estimate_agreement (--method both), pruning, pruning_curve
+(and merge_curve with --merge) as
 `.csv` and `.parquet`,
 `importance.html` (the page) and `importance.json` (provenance). The dataset, the layers and
 options, and --prune are checked before the sweep: bad input is one line (exit 2) and nothing is
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--merge-out DIR writes the model with --merge N experts merged: give --merge N")
     settings = I.ImportanceSettings(layers=_list(args.layers, "layers"), options=_list(args.options, "options", True),
                                     max_tokens=args.max_tokens, batch_size=args.batch_size, control_draws=args.draws,
-                                    prune_draws=args.draws, method=args.method, float32=not args.model_dtype,
+                                    prune_draws=args.draws, method=args.method, sweep=args.sweep,
+                                    confirm=args.confirm, float32=not args.model_dtype,
                                     holdout=args.holdout, in_sample_curve=args.in_sample_curve,
                                     merge_max=args.merge or 0)
     out = P.check_out_dir(args.out)

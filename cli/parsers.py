@@ -277,9 +277,15 @@ def importance(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     c.add_argument("--batch-size", type=O.positive_int, default=8, help="rows per forward")
     c.add_argument("--draws", type=O.positive_int, default=8, help="random draws of the control and of the random "
                                                                    "pruning ranking")
-    c.add_argument("--method", choices=("fast", "naive"), default="fast",
-                   help="fast: prefix reuse and many ablations per forward where the model allows; naive: one full "
-                        "forward per ablation (the same numbers)")
+    c.add_argument("--method", choices=("estimate", "exact", "both"), default="both",
+                   help="estimate: every expert's first-order estimate from one forward and backward per batch; "
+                        "exact: every expert dropped over the dataset; both (default): estimate all, then measure "
+                        "exactly the --confirm largest of each layer and the random control")
+    c.add_argument("--confirm", type=O.positive_int, default=8, metavar="N",
+                   help="--method both: experts of each layer measured exactly, the largest by |estimate| (default 8)")
+    c.add_argument("--sweep", choices=("fast", "naive"), default="fast",
+                   help="the exact sweep: fast: prefix reuse and many ablations per forward where the model allows; "
+                        "naive: one full forward per ablation (the same numbers)")
     c.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="ray: chunks of the sweep on Ray workers (a local cluster, or the one in RAY_ADDRESS); the "
                         "same numbers as one process")

@@ -126,8 +126,8 @@ def test_prefix_reuse_and_batched_ablations_equal_the_naive_loop(model_type, tok
                                              tmp_path / model_type, tokenizer))
     assert model.can_resume
     s = dict(max_tokens=200, batch_size=4, control_draws=3, prune_draws=2, in_sample_curve=True)  # 6 rows: in-sample
-    naive = importance(model, tok, corpus(), ImportanceSettings(method="naive", **s))
-    fast = importance(model, tok, corpus(), ImportanceSettings(method="fast", ablations_per_forward=5, **s))
+    naive = importance(model, tok, corpus(), ImportanceSettings(sweep="naive", **s))
+    fast = importance(model, tok, corpus(), ImportanceSettings(sweep="fast", ablations_per_forward=5, **s))
     assert fast.provenance["method"] == "prefix reuse, 5 ablation(s) per forward" and naive.provenance["method"].startswith("one full")
     scale = naive.provenance["base_loss"] * 4
     _compare(fast["importance"], naive["importance"], ["delta_nll", "delta_nll_low", "delta_nll_high", "kl"], scale)

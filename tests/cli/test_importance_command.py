@@ -48,7 +48,7 @@ def test_tables_page_and_a_pruned_checkpoint_transformers_opens(tmp_path, capsys
         assert list(csv.columns) == list(parquet.columns) and len(csv) == len(parquet)
     imp = pd.read_parquet(out / "importance.parquet")
     assert list(imp.columns) == ["layer", "option", "label", "delta_nll", "delta_nll_low", "delta_nll_high", "kl",
-                                 "flip_rate", "usage"] and len(imp) == 4 * 16
+                                 "flip_rate", "usage", "delta_nll_estimate", "method"] and len(imp) == 4 * 16
     assert (pd.read_parquet(out / "control.parquet")["kind"] == "control").all()
     page = (out / "importance.html").read_text(encoding="utf-8")
     shown, data_block = page.split('<script type="application/json" id="corpus-data">')  # JSON: raw text, no "</"

@@ -16,16 +16,22 @@ from routescope.analysis.inputs.datasets import CorpusData
 from routescope.analysis.corpus.run import encode_head
 
 
-METHODS = ("fast", "naive")
-COLUMNS = ["layer", "option", "label", "delta_nll", "delta_nll_low", "delta_nll_high", "kl", "flip_rate", "usage"]
+METHODS = ("estimate", "exact", "both")  # how each option's effect is had (`estimate` module; the sweep)
+SWEEPS = ("fast", "naive")  # how the exact sweep runs (the same numbers)
+COLUMNS = ["layer", "option", "label", "delta_nll", "delta_nll_low", "delta_nll_high", "kl", "flip_rate", "usage",
+           "delta_nll_estimate", "method"]
 
 
 @dataclass(frozen=True)
 class ImportanceSettings:
     """What the tables depend on besides the model and the dataset (hashable: a cache key).
     `max_tokens`: tokens taken from the dataset in row order (None: all; each row at most the
-    model's context). `method`: "fast" (prefix reuse and batched ablations where the model has
-    them) or "naive" (one full forward per ablation). `prune_max`: largest N of the pruning curve
+    model's context). `method`: "exact" (every option dropped over the dataset), "estimate" (the
+    first-order estimate of every option from one forward and backward per batch, `estimate`
+    module; no exact row), or "both" (every option estimated, then the `confirm` largest by
+    |estimate| of each layer and the control's draws measured exactly). `sweep`: "fast" (prefix
+    reuse and batched ablations where the model has them) or "naive" (one full forward per
+    ablation): the same numbers. `prune_max`: largest N of the pruning curve
     (None: half the routed experts; 0: no curve). `holdout`: the share of rows that judge pruning and
     merging (seeded split; the others rank the experts; `holdout` module); `in_sample_curve`: the
     curve on the ranking rows too, labelled in-sample; `merge_max`: largest N of the merge curve
@@ -41,7 +47,9 @@ class ImportanceSettings:
     prune_max: int | None = None
     bootstrap: int = 1000
     seed: int = 0
-    method: str = "fast"
+    method: str = "exact"  # the CLI's default is "both"; here the tables of earlier releases
+    sweep: str = "fast"
+    confirm: int = 8
     float32: bool = True
     holdout: float = 0.5
     in_sample_curve: bool = False
@@ -50,7 +58,9 @@ class ImportanceSettings:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r}: use {', '.join(METHODS)}")
-        for f in ("batch_size", "ablations_per_forward", "bootstrap"):
+        if self.sweep not in SWEEPS:
+            raise ValueError(f"sweep {self.sweep!r}: use {', '.join(SWEEPS)}")
+        for f in ("batch_size", "ablations_per_forward", "bootstrap", "confirm"):
             if getattr(self, f) is not None and getattr(self, f) < 1:
                 raise ValueError(f"{f} = {getattr(self, f)}: must be >= 1")
         for f in ("control_draws", "prune_draws"):

@@ -23,10 +23,11 @@ from routescope.analysis.reports.importance.holdout import provenance as holdout
 from routescope.analysis.reports.importance.merge import merge_curve, merge_problem, merge_stats
 from routescope.analysis.reports.importance.measure import (Sums, Usage, measure_batch, per_forward_default,
                                                             resume_agrees)
-from routescope.analysis.reports.importance.plan import (COLUMNS, ImportanceResult, ImportanceSettings, Scope, Tokens,
+from routescope.analysis.reports.importance.plan import (ImportanceResult, ImportanceSettings, Scope, Tokens,
                                                          batches, control_draws, drop, prune_range, pruning_ablation,
                                                          scope_of, tokens_of)
 from routescope.analysis.reports.importance.ray_workers import RaySpec, on_ray
+from routescope.analysis.reports.importance import methods as M
 
 
 def measure(model: Any, tokens: Tokens, ablations: Sequence[Ablation], settings: ImportanceSettings, *,
@@ -142,8 +143,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         notes.append(f"effects measured on a float32 copy of the model (it runs in "
                      f"{next(model.parameters()).dtype})".replace("torch.", ""))
     tokens = tokens_of(data, tokenizer, model.context, settings.max_tokens)
-    fast = settings.method == "fast" and run_model.can_resume
-    if settings.method == "fast" and not fast:
+    fast = settings.sweep == "fast" and run_model.can_resume
+    if settings.sweep == "fast" and not fast:
         notes.append(f"{model.config.label}: no prefix reuse for this family: one forward per ablation")
     if fast:
         fast = resume_agrees(run_model, tokens, settings)
@@ -151,22 +152,27 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
             notes.append("a forward restarted at a routing layer did not reproduce the plain forward on this model: "
                          "one full forward per ablation instead")
 
-    singles = [(l, o) for l in scope.layers for o in scope.options[l]]
-    draws = control_draws(scope, settings.control_draws, settings.seed)
-    ablations: dict[Ablation, int] = {}
-    for ab in [drop(p) for p in singles] + [drop((l, o)) for l, _, o in draws]:
-        ablations.setdefault(ab, len(ablations))
+    draws = control_draws(scope, settings.control_draws, settings.seed) if settings.method != "estimate" else []
+    n_est = len(tokens.ids) if settings.method != "exact" else 0  # the estimate's pass over the rows
     prune_n = prune_range(scope, settings)
     split, why = split_of(len(tokens.ids), settings)  # pruning and merging judged on held-out rows (`holdout`)
     parts = parts_of(split, len(tokens.ids), settings.in_sample_curve)
     if why and (prune_n or settings.merge_max):
         notes.append(why)
     prune_n = prune_n if parts else []
-    total = len(tokens.ids) + (len({int(r) for _, rs in parts for r in rs}) if prune_n else 0)
+    total = n_est + len(tokens.ids) + (len({int(r) for _, rs in parts for r in rs}) if prune_n else 0)
+    t_est = time.perf_counter()
+    est = M.estimates_of(run_model, tokens, scope, settings, progress, stop, total)
+    t_est = time.perf_counter() - t_est
+    singles = M.exact_options(scope, settings, est, tokens.positions.sum(), draws)
+    ablations: dict[Ablation, int] = {}
+    for ab in [drop(p) for p in singles] + [drop((l, o)) for l, _, o in draws]:
+        ablations.setdefault(ab, len(ablations))
     usage = Usage(run_model, scope)
     key_parts = {"weights": weights_sha256, "data": data.digest, "model": model.config.label,
                  "settings": {k: v for k, v in asdict(settings).items()
-                              if k not in ("method", "holdout", "in_sample_curve", "merge_max")}}
+                              if k not in ("method", "sweep", "confirm", "holdout", "in_sample_curve",
+                                           "merge_max")}}
     key = cache_key({**key_parts, "ablations": [a.describe() for a in ablations]})
     cache = cache_dir / f"effects-{key}.safetensors" if cache_dir is not None and weights_sha256 else None
     usage_done: list[bool] = []
@@ -179,7 +185,7 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         if engine == "ray" else None
     with torch.inference_mode():
         sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                       on_prefix=on_prefix, cache=cache, key=key, total=total, ray=ray)
+                       on_prefix=on_prefix, cache=cache, key=key, total=total, ray=ray, done_before=n_est)
         if len(usage_done) < len(batches(tokens, settings.batch_size, 0)):
             # rows measured before an interruption, or by Ray workers: usage and REAP counted here by one plain pass
             usage = Usage(run_model, scope)
@@ -192,8 +198,7 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     imp = pd.DataFrame(singles, columns=["layer", "option"])
     imp.insert(2, "label", [labels[l][o] for l, o in singles])
     eff = effect_table(sums, [ablations[drop(p)] for p in singles], positions, weights)
-    imp = pd.concat([imp, eff], axis=1).merge(use[["layer", "option", "usage"]], on=["layer", "option"], how="left")
-    imp = imp[COLUMNS]
+    imp = M.full_table(pd.concat([imp, eff], axis=1), scope, use, est, positions.sum())
 
     ctl = pd.DataFrame(draws, columns=["layer", "draw", "option"])
     ctl.insert(0, "kind", "control")
@@ -216,8 +221,13 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     n = positions.sum()
     base_loss = float(sums.base_nll.sum() / n)
     tables = {"importance": imp, "control": ctl, "control_summary": csum, "proxies": prox, "proxy_agreement": agree}
-    judged = _judged(run_model, tokens, scope, imp, sums, [ablations[drop(p)] for p in singles], split, parts,
-                     prune_n, settings, fast, tables, notes, progress=progress, stop=stop, done_before=len(tokens.ids),
+    if est is not None:
+        tables["estimate_agreement"] = M.agreement(imp)
+        notes += M.notes_of(est, tables["estimate_agreement"], settings)
+    rank_sums, rank_index = M.ranking_sums(imp, sums, {p: ablations[drop(p)] for p in singles}, est)
+    judged = _judged(run_model, tokens, scope, imp, rank_sums, rank_index, split, parts,
+                     prune_n, settings, fast, tables, notes, progress=progress, stop=stop,
+                     done_before=n_est + len(tokens.ids),
                      total=total, cache=cache_dir if cache is not None else None, key_parts=key_parts, ray=ray)
     prov = {"model": name, "family": model.config.family, "label": model.config.label,
             "weights_sha256": weights_sha256, "dataset": data.name, "dataset_sha256": data.digest,
@@ -227,7 +237,9 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
             "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "method": (f"prefix reuse, {settings.ablations_per_forward or per_forward_default(run_model.device)} "
                        "ablation(s) per forward") if fast else "one full forward per ablation",
-            "settings": asdict(settings), "holdout": judged, "seconds": round(time.perf_counter() - t0, 3),
+            "estimate_seconds": round(t_est, 3) if est is not None else None,
+            "exact_options": len(singles), "settings": asdict(settings), "holdout": judged,
+            "seconds": round(time.perf_counter() - t0, 3),
             "routescope": _version()}
     return ImportanceResult(tables, prov, notes)
 
@@ -257,8 +269,8 @@ def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: S
         rank_use = Usage(model, scope)  # usage over the ranking rows only (one plain pass over them)
         measure(model, subset(tokens, rank_rows), [], settings, fast=fast, on_prefix=rank_use.add)
     # the per-row values the table's effects sum: ranked on the ranking rows' share of them only
-    order_of = orders(ranking_effects(imp, sums.d_nll[index], tokens.positions, rank_rows), rank_use.table(), scope,
-                      settings)
+    effects = ranking_effects(imp, sums.d_nll[index], tokens.positions, rank_rows)
+    order_of = orders(effects, rank_use.table(), scope, settings)
     if prune_n:
         key = cache_key({**key_parts, "pruning": [pruning_ablation(o, n).describe() for o in order_of.values()
                                                   for n in prune_n], "rows": [[p, r.tolist()] for p, r in parts]})
@@ -277,11 +289,11 @@ def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: S
             curve, plans = merge_curve(measure, model, subset(tokens, split.heldout), causal, stats,
                                        list(range(1, settings.merge_max + 1)), settings=settings, fast=fast, stop=stop)
             tables["merge_curve"] = curve
-            out = holdout_provenance(split, tokens, causal)
+            out = holdout_provenance(split, tokens, causal, effects)
             return {**out, "merge": {"usage": {l: u.tolist() for l, u in stats.usage.items()},
                                      "plans": {str(n): {l: {str(d): t for d, t in p.items()} for l, p in plan.items()}
                                                for n, plan in plans.items()}}}
-    return holdout_provenance(split, tokens, causal)
+    return holdout_provenance(split, tokens, causal, effects)
 
 
 def dataset_loss(model: Any, tokenizer: Any, data: CorpusData, settings: ImportanceSettings,
@@ -292,6 +304,6 @@ def dataset_loss(model: Any, tokenizer: Any, data: CorpusData, settings: Importa
     tokens = tokens_of(data, tokenizer, model.context, settings.max_tokens)
     tokens = tokens if rows is None else subset(tokens, rows)
     with torch.inference_mode():
-        sums = measure(run_model, tokens, [ablation], replace(settings, method="naive"), fast=False)
+        sums = measure(run_model, tokens, [ablation], replace(settings, sweep="naive"), fast=False)
     n = tokens.positions.sum()
     return float(sums.base_nll.sum() / n), float((sums.base_nll.sum() + sums.d_nll[0].sum()) / n)
