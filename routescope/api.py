@@ -49,8 +49,10 @@ def figures(run: Any, model: Any, *, stacked: bool = False) -> dict[str, Any]:
 def importance(model: Any, tokenizer: Any, data: Any, **settings: Any) -> dict[str, Any]:
     """Which experts matter on `data` (a dataset file path, or a `corpus_data.CorpusData`): the frames
     of `analysis.reports.importance` by name (importance, control, control_summary, proxies, proxy_agreement,
-    pruning, pruning_curve). `settings`: `ImportanceSettings` fields (layers, options, max_tokens,
-    control_draws, method, float32, ...)."""
+    pruning, pruning_curve; estimate_agreement with method "both"). `settings`: `ImportanceSettings` fields
+    (layers, options, max_tokens, control_draws, method ("exact", the default here; "estimate": first-order
+    estimates only; "both": estimates, then the `confirm` largest per layer measured exactly), sweep
+    ("fast" or "naive"), float32, ...)."""
 
     for key in ("layers", "options"):
         if settings.get(key) is not None:
