@@ -128,9 +128,11 @@ def parts_of(split: Split | None, n_rows: int, in_sample: bool) -> list[tuple[st
     return parts
 
 
-def provenance(split: Split | None, tokens: Tokens, causal: dict[str, list[int]] | None) -> dict:
+def provenance(split: Split | None, tokens: Tokens, causal: dict[str, list[int]] | None,
+               effects: pd.DataFrame | None = None) -> dict:
     """What the pruning curve, a pruned or merged checkpoint's card and `pruning.json` say about the
-    split: the share held out, the seed, the rows (by row id) on each side, the causal order."""
+    split: the share held out, the seed, the rows (by row id) on each side, the causal order and the
+    effects it sorts (`ranking_effects`: delta NLL over the ranking rows, layer -> option -> value)."""
     if split is None:
         return {"heldout": None}
     return {"heldout": split.fraction, "seed": split.seed,
@@ -139,4 +141,7 @@ def provenance(split: Split | None, tokens: Tokens, causal: dict[str, list[int]]
             "heldout_positions": int(tokens.positions[split.heldout].sum()),
             "ranked_on": [tokens.row_ids[r] for r in split.ranking],
             "evaluated_on": [tokens.row_ids[r] for r in split.heldout],
-            "causal_order": causal}
+            "causal_order": causal,
+            "ranking_delta_nll": None if effects is None else
+            {l: {str(int(o)): float(d) for o, d in zip(g["option"], g["delta_nll"])}
+             for l, g in effects.groupby("layer", sort=False)}}
