@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from routescope.analysis.export import columns as C
 from routescope.analysis.runs.routing import option_names
@@ -72,18 +71,43 @@ def stacked_choice_heatmaps(grids: list[ChoiceGrid], tokens: list[str], n_prompt
     n = max(1, len(widest.labels))
     heights = [heatmap_height(len(g.layers)) for g in grids]
     plot_px = sum(heights) + STACK_GAP * (len(grids) - 1)
-    fig = make_subplots(rows=len(grids), cols=1, shared_xaxes=True, vertical_spacing=STACK_GAP / plot_px,
-                        subplot_titles=[g.title for g in grids], row_heights=heights)
-    for row, g in enumerate(grids, start=1):
-        fig.add_trace(_choice_trace(g, n, tokens, showscale=g is widest, colorbar=_colorbar(widest.labels)),
-                      row=row, col=1)
-    fig.update_annotations(x=0, xanchor="left", font=dict(size=15, color=HIGHLIGHT))  # row titles: left, like a title
+    traces = [_choice_trace(g, n, tokens, showscale=g is widest, colorbar=_colorbar(widest.labels),
+                            xaxis=f"x{_axis(row)}", yaxis=f"y{_axis(row)}") for row, g in enumerate(grids)]
+    fig = go.Figure(traces, layout=stacked_rows(heights, STACK_GAP / plot_px, [g.title for g in grids]))
     token_axis(fig, tokens, n_prompt, rows=len(grids))
     fig.update_layout(plot_bgcolor="white")
     rows_top_down(fig)
     fixed_margins(fig, [l for g in grids for l in g.layers])
     total_height(fig, plot_px)
     return fig
+
+
+def _axis(row: int) -> str:
+    """Plotly's axis suffix of a 0-based row: "", "2", "3", ..."""
+    return "" if row == 0 else str(row + 1)
+
+
+def stacked_rows(heights: list[int], gap: float, titles: list[str]) -> dict:
+    """The layout of rows stacked top to bottom, sharing the bottom row's x axis, each titled at its
+    top left: what `make_subplots(rows, 1, shared_xaxes=True, row_heights=heights,
+    vertical_spacing=gap, subplot_titles=titles)` lays out, as a plain dict (make_subplots' property
+    updates took most of a toggle's drawing time on the seed checkpoints)."""
+    rows, total = len(heights), float(sum(heights))
+    room = 1.0 - gap * (rows - 1)
+    layout: dict = {"annotations": []}
+    top = 1.0
+    for row, h in enumerate(heights):
+        bottom = max(0.0, top - room * h / total)
+        a = _axis(row)
+        layout[f"xaxis{a}"] = {"anchor": f"y{a}", "domain": [0.0, 1.0]}
+        if row < rows - 1:
+            layout[f"xaxis{a}"].update(matches=f"x{_axis(rows - 1)}", showticklabels=False)
+        layout[f"yaxis{a}"] = {"anchor": f"x{a}", "domain": [bottom, top]}
+        layout["annotations"].append({"text": titles[row], "showarrow": False, "xref": "paper", "yref": "paper",
+                                      "x": 0, "xanchor": "left", "y": top, "yanchor": "bottom",
+                                      "font": {"size": 15, "color": HIGHLIGHT}})  # like a title
+        top = bottom - gap
+    return layout
 
 
 def value_heatmap(z: np.ndarray, hover: np.ndarray, layers: list[str], tokens: list[str], title: str,

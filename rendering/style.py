@@ -92,8 +92,13 @@ def token_axis(fig: go.Figure, tokens: list[str], n_prompt: int | None, rows: in
     fig.update_yaxes(fixedrange=True, tickfont=dict(size=12, color=HIGHLIGHT))  # a drag pans along the tokens only
     fig.update_layout(dragmode="pan")
     if n_prompt is not None and 0 < n_prompt < len(tokens):  # prompt | generated boundary
-        fig.add_vline(x=n_prompt - 0.5, line=dict(color="#444", dash="dot", width=1), name=DIVIDER,
-                      **({"row": "all", "col": 1} if rows > 1 else {}))
+        line = dict(color="#444", dash="dot", width=1)
+        if rows == 1:
+            fig.add_vline(x=n_prompt - 0.5, line=line, name=DIVIDER)
+        else:  # one per row, by axis name (stacked rows are laid out without make_subplots' grid)
+            for a in ["", *map(str, range(2, rows + 1))]:
+                fig.add_shape(type="line", x0=n_prompt - 0.5, x1=n_prompt - 0.5, xref=f"x{a}", y0=0, y1=1,
+                              yref=f"y{a} domain", line=line, name=DIVIDER)
         # above the plot (over no cell), and above the top row's title when rows are stacked
         fig.add_annotation(x=n_prompt - 0.5, xref="x", y=1, yref="paper", yanchor="bottom",
                            yshift=24 if rows > 1 else 2, text=DIVIDER_TEXT, showarrow=False,

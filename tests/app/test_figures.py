@@ -1,5 +1,6 @@
 """Figure builders (no Streamlit): every token has its own tick within a window of TOKEN_WINDOW tokens,
 data stays whole, rows read in model depth order, charts of one run line up, one colour meaning."""
+import math
 from functools import lru_cache
 from pathlib import Path
 
@@ -330,3 +331,30 @@ def test_a_flag_over_a_bar_near_100_percent_is_not_cut_off(top):
             if text:
                 assert hi - y >= 16 / plot_px * (hi - lo), (y, hi)
     assert max(fig.layout.yaxis.tickvals or [0]) <= 1
+
+
+@pytest.mark.parametrize("heights", [[110, 300], [110, 150, 400], [200]])
+def test_stacked_rows_lay_out_what_make_subplots_does(heights):
+    """The stacked choice heatmaps' layout, built as a dict (make_subplots' property updates were most
+    of a seed toggle's drawing), against plotly's own make_subplots with the same arguments: the same
+    axes, domains, anchors and shared x axis; row titles at the top left of their rows."""
+    from plotly.subplots import make_subplots
+
+    from routescope.rendering.route_heatmaps import stacked_rows
+
+    gap, titles = 48 / (sum(heights) + 48 * (len(heights) - 1)), [f"row {i}" for i in range(len(heights))]
+    want = make_subplots(rows=len(heights), cols=1, shared_xaxes=True, vertical_spacing=gap, subplot_titles=titles,
+                         row_heights=heights).layout.to_plotly_json()
+    got = stacked_rows(heights, gap, titles)
+    axes = sorted(k for k in want if k.startswith(("xaxis", "yaxis")))
+    assert sorted(k for k in got if k.startswith(("xaxis", "yaxis"))) == axes
+    for k in axes:
+        assert set(got[k]) == set(want[k]), k
+        for field, value in want[k].items():
+            if field == "domain":
+                np.testing.assert_allclose(got[k][field], value, rtol=1e-12, atol=1e-12)
+            else:
+                assert got[k][field] == value, (k, field)
+    for g, w in zip(got["annotations"], want.get("annotations", ())):
+        assert g["text"] == w["text"] and math.isclose(g["y"], w["y"], rel_tol=1e-12, abs_tol=1e-12)
+        assert (g["x"], g["xanchor"], g["yanchor"]) == (0, "left", "bottom")
