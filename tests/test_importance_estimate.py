@@ -174,3 +174,16 @@ def test_bad_method_or_confirm_is_one_line(bad, tmp_path, capsys):
         main(["importance", str(CK / "olmoe-tiny"), "--data", str(data), "--out", str(tmp_path / "o"), *bad])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and bad[0] in err and not (tmp_path / "o").exists(), err
+
+
+def test_a_family_without_an_estimate_is_measured_exactly_and_says_why(tok):
+    """A RouteScope family (MoEP) has no transformers MoE block: with both, every option is measured
+    exactly, the estimate column stays empty, and one note names the layers and the reason."""
+    model, mtok = load_checkpoint(CK / "moep")
+    res = importance(model, mtok, corpus(), ImportanceSettings(method="both", max_tokens=80, control_draws=1,
+                                                               prune_max=0))
+    imp = res["importance"]
+    assert (imp["method"] == "exact").all() and imp["delta_nll"].notna().all()
+    assert imp["delta_nll_estimate"].isna().all()
+    why = [n for n in res.notes if n.startswith("no first-order estimate")]
+    assert len(why) == 1 and "a RouteScope family" in why[0], res.notes
