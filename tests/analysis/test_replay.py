@@ -285,3 +285,21 @@ def test_vllm_and_sglang_traces_replay_against_transformers_routing(tmp_path, ca
     assert found["sglang"]["agreement"]["tokens"].iloc[0] == len(x1) - 1 - start
     assert list(zip(m["row"], m["position"], m["layer"])) == [("s", start + 1, "model.layers.2.mlp.gate")]
     assert m["token_id"].iloc[0] == x1[start + 1]
+
+
+def test_the_page_escapes_row_ids_and_token_text():
+    import routescope as rs
+    from routescope.analysis.replay.compare import model_shape, reference_routes
+    from routescope.analysis.replay.row import TraceRow
+    from routescope.rendering.replay_figures import page
+
+    model, _ = rs.load(str(CK / "olmoe-tiny"), dtype="float32")
+    x = np.array(encode(TEXTS[:1])[0])
+    e = reference_routes(model, model_shape(model), [x])[0].ids.copy()
+    e[1, 0, -1] = next(j for j in range(16) if j not in e[1, 0])
+    evil = "<img src=x onerror=alert(1)>"
+    res = rs.replay(model, [TraceRow(evil, x, e)])
+    html = page(res, decode=lambda i: "</script><b>t</b>")
+    shown, data = html.split('<script type="application/json" id="corpus-data">')
+    assert evil not in shown and "<b>t</b>" not in shown and "&lt;img src=x onerror=alert(1)&gt;" in shown
+    assert "</" not in data.split("</script>")[0]
