@@ -59,10 +59,10 @@ def pruned_model(model: Any, drop: dict[str, list[int]]) -> Any:
 def _data(provenance: dict) -> str:
     """Which data ranked the experts and which judged the result (the split of `holdout`)."""
     h = provenance.get("holdout") or {}
-    where = f"`{provenance['dataset']}` (sha256 `{provenance['dataset_sha256']}`, {provenance['rows']:,} rows)"
+    where = f"`{provenance['dataset']}` (sha256 `{provenance['dataset_sha256']}`, {provenance['rows']:,} rows as taken)"
     if not h.get("heldout"):
         return f"ranked and measured on the same rows of {where} (in-sample: optimistic)"
-    return (f"ranked on {h['ranking_rows']:,} rows of {where} ({h['ranking_positions']:,} predicted positions) and "
+    return (f"ranked on {h['ranking_rows']:,} rows ({h['ranking_positions']:,} predicted positions) of {where}, "
             f"judged on the other {h['heldout_rows']:,} rows ({h['heldout_positions']:,} positions), never used to "
             f"rank (a seeded split: share held out {h['heldout']}, seed {h['seed']}; the row ids of each side are in "
             "the JSON file beside this card)")
