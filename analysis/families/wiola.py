@@ -7,7 +7,7 @@ on "adjacent_cos" and "merge" per token and ATM layer.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -36,20 +36,23 @@ def wiola_merge_pass(model: RouteScopeLM, ids: list[int], ablation: Ablation, op
     return tr
 
 
-def wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | None = None,
+def wiola_views(trace: Trace, model: RouteScopeLM, *, second: Trace | Callable[[], Trace] | None = None,
                  options: Mapping[str, Any] = {}) -> RunViews:
+    """`second`: the merge pass's trace, or how to get it (`views.once`: run when a merge view is
+    first asked for)."""
     tau = options.get(ATM_TAU)
     causal = options.get(ATM_CAUSAL, model.config.atm_causal)
+    merged = second if callable(second) else (lambda: second)
 
     def merges():
-        atm = R.atm_merges(second, model, tau=tau)
+        atm = R.atm_merges(merged(), model, tau=tau)
         if len(atm) and not causal:  # said under the view (the Routing view shows frames' notes)
             atm.attrs["notes"] = [*atm.attrs.get("notes", []), NON_CAUSAL_ATM]
         return atm if len(atm) else None
 
     atm = atm_summary = None
     if second is not None:
-        atm, atm_summary = merges, (lambda: R.atm_summary(second, model, tau=tau))
+        atm, atm_summary = merges, (lambda: R.atm_summary(merged(), model, tau=tau))
     used = {"tau": model.config.atm_tau if tau is None else tau}
     return views_of(("dsff_gate", lambda: R.dsff_gates(trace, model), FAMILY),
                     ("gcla_beta", lambda: R.gcla_betas(trace, model), FAMILY),

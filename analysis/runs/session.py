@@ -14,9 +14,8 @@ from routescope.core_models.ablation import Ablation
 from routescope.core_models.base import RouteScopeLM
 from routescope.core_models.checkpoint import require_tokenizer
 from routescope.core_models.generate import Generation, Sampling, generate
-from routescope.core_models.trace import Trace
 
-from routescope.analysis.runs.views import RunViews
+from routescope.analysis.runs.views import RunViews, once
 from routescope.analysis.runs.family_table import family_analysis, routing_views
 from routescope.analysis.inputs.prompts import check_prompt
 from routescope.analysis.export.run_table import ExportMeta, RowMeta, routing_table
@@ -67,7 +66,6 @@ class Run:
     # run_prompt was asked not to build it (the app builds it for the Export view only: `run_table`)
     views: RunViews  # the family's routing views: name -> View (tidy frame + drawer), read-only
     seconds: float  # wall time of the run (forward passes + analyses)
-    second_trace: Trace | None = None  # the family's second pass (Wiola: token merging on)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -148,11 +146,13 @@ def run_prompt(model: RouteScopeLM, tokenizer: Any, prompt: str, *, settings: Ru
                    trace_sites=None)
     tokens = decode_tokens(tokenizer, gen.ids)
     family = family_analysis(model)
-    second = family.second_pass(model, gen.ids, ablation, options) if family.second_pass else None
+    # the family's second pass runs when a view that reads it is first asked for (a toggle on a page
+    # without those views never runs it)
+    second = once(lambda: family.second_pass(model, gen.ids, ablation, options)) if family.second_pass else None
     views = routing_views(gen.trace, model, second=second, options=options)
     run = Run(model_name=model_name, family=model.config.label, prompt=prompt, settings=settings,
               ablation=ablation, generation=gen, tokens=tokens, spans=token_spans(tokenizer, gen.ids), table=None,
-              views=views, seconds=0.0, second_trace=second, notes=list(gen.notes))
+              views=views, seconds=0.0, notes=list(gen.notes))
     if table:
         run.table = run_table(run, model, prompt_id=prompt_id)
     run.seconds = time.perf_counter() - t0

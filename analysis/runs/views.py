@@ -93,6 +93,21 @@ class LazyViews(Mapping):
         return LazyViews({**self._makers, **more})
 
 
+def once(make: Callable[[], Any]) -> Callable[[], Any]:
+    """`make`, called on first use and its result kept (thread-safe): a pass that only some views need
+    (Wiola's second pass with token merging on) runs when the first of them is asked for, under
+    inference mode as the run was."""
+    lock, made = threading.Lock(), []
+
+    def get() -> Any:
+        with lock:
+            if not made:
+                with torch.inference_mode():
+                    made.append(make())
+            return made[0]
+    return get
+
+
 def views_of(*named: tuple[str, Frame, str] | tuple[str, Frame, str, Mapping]) -> LazyViews:
     """The views of a run from (name, frame, drawer[, params]): a frame, None (left out), or a
     callable that makes one (or None) when the view is first asked for (`LazyViews`)."""

@@ -72,3 +72,30 @@ def test_a_view_with_nothing_to_show_is_left_out():
     run = run_prompt(model, Tok(), "Once upon", settings=RunSettings(max_new_tokens=2), table=False)
     assert "topk_probs" not in run.views and "topk_probs" not in list(run.views)
     assert len(run.views) == len(list(run.views)) and "topk_routes" in run.views
+
+
+def test_wiolas_merge_pass_runs_only_when_a_merge_view_is_asked_for():
+    """run_prompt leaves Wiola's second pass (token merging on) until a merge view is first read, runs
+    it once for both merge views, and gives the frames the eager pass gives."""
+    from routescope.analysis.families import wiola as A
+    from routescope.core_models.ablation import Ablation
+
+    model = tiny_model("wiola")
+    options = {"atm_tau": -1.0}  # every adjacent pair merges: the merge views have rows
+    calls = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: calls.append(bool(kwargs.get("atm"))),
+                                           with_kwargs=True)
+    try:
+        r = run_prompt(model, Tok(), "a b c d e f g", settings=RunSettings(max_new_tokens=2, options=tuple(options.items())),
+                       table=False)
+        assert not any(calls)  # generation's forwards only
+        merges, summary = r.views["atm_merges"].frame, r.views["atm_summary"].frame
+        assert sum(calls) == 1
+        list(r.views)
+        assert sum(calls) == 1
+    finally:
+        hook.remove()
+    eager = A.wiola_views(r.generation.trace, model, options=options,
+                          second=A.wiola_merge_pass(model, r.generation.ids, Ablation(), options))
+    pd.testing.assert_frame_equal(merges, eager["atm_merges"].frame)
+    pd.testing.assert_frame_equal(summary, eager["atm_summary"].frame)
