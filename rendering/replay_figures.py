@@ -27,9 +27,10 @@ SECTIONS = {
     "first_divergence": ("First divergent layer", "Each token's first layer whose top-k set differs from the "
                          "reference's ('none': equal at every layer)."),
     "mismatches": ("Mismatches", "Every (row, position, layer) whose sets differ: the engine's and the reference's "
-                   "experts, the reference router's margin between its k-th and (k+1)-th logit, whether that margin is "
-                   "a near-tie at the trace dtype's resolution (a large margin is not: flagged), and whether the "
-                   "engine's set equals the float32 reference's."),
+                   "experts, the reference router's margin between its k-th and (k+1)-th logit, whether the mismatch is "
+                   "a near-tie (its swap gap, the reference's lowest logit among the experts the engine left out "
+                   "minus its highest among those it took, within the trace dtype's resolution; a larger gap is "
+                   "flagged), and whether the engine's set equals the float32 reference's."),
     "checks": ("Broken-trace checks", "Rows failing each check, by name. Rows of all zeros and rows with another "
                "layer count or k are left out of the comparison."),
     "rows": ("Rows", "Per row: positions compared, tokens differing in at least one layer, mismatches."),
@@ -60,7 +61,8 @@ def row_map(detail: RowResult, layers: Sequence[str], k: int, tokens: Sequence[s
     labels = list(tokens[s:s + n]) if tokens is not None else [str(t) for t in detail.token_ids[s:s + n]]
     hover = [[f"position {s + p}: {labels[p]!r}<br>{layers[l]}<br>overlap {int(detail.overlap[p, l])}/{k}"
               for p in range(n)] for l in range(len(layers))]
-    fig = go.Figure(go.Heatmap(z=z, x=list(range(s, s + n)), y=list(layers), zmin=0, zmax=1, colorscale="RdBu",
+    scale = [[0.0, "#67001f"], [0.999, "#f4a582"], [1.0, "#e8eef7"]]  # equal sets pale, any mismatch red
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(s, s + n)), y=list(layers), zmin=0, zmax=1, colorscale=scale,
                                customdata=hover, hovertemplate="%{customdata}<extra></extra>",
                                colorbar=dict(title="overlap/k")))
     fig.update_layout(xaxis_title="position", height=120 + 22 * len(layers), margin=dict(l=40, r=10, t=20, b=40),

@@ -7,15 +7,21 @@ router logit (the LOGITS role), the gap a change of numerics must cross to swap 
 
 `compare_row` sets one row's engine ids [T', L, k] against the reference [T, L, k]: per (position,
 layer) whether the top-k SETS are equal and their overlap |S_engine & S_ref|; each position's first
-divergent layer; and one record per mismatch with the reference's margin, whether that margin is a
-near-tie (`near_tie_threshold`) and, where a float32 reference ran too, whether the engine's set equals
-the float32 reference's (the mismatch "goes away in float32").
+divergent layer; and one record per mismatch with the reference's margin, its swap gap, whether the
+mismatch is a near-tie and, where a float32 reference ran too, whether the engine's set equals the
+float32 reference's (the mismatch "goes away in float32").
 
-A near-tie is a margin at most `tie_ulps` units of the trace dtype's resolution at the score's size:
-margin <= tie_ulps * eps(dtype) * max(1, |s_k|), eps the spacing of that dtype's numbers at 1
-(`torch.finfo(dtype).eps`: 2^-7 for bfloat16, 2^-10 for float16, 2^-23 for float32). With the default
-8 ulps a bfloat16 engine's near-ties are margins up to 0.0625 at logits of size 1 or less: the
-rounding of a bfloat16 router's inputs and logits moves logits by a few ulps. Any larger margin
+The margin (k-th minus (k+1)-th logit) says how close the reference was to another top-k; it does not
+say which: at 128 experts the (k+1)-th is often close to the k-th while the engine took an expert far
+below both. The swap gap does (`swap_gap`): the reference's lowest logit among the experts the engine
+left out minus its highest among those the engine took instead. Where the engine swapped the k-th for
+the (k+1)-th it equals the margin; it is never below it.
+
+A mismatch is a near-tie when its swap gap is at most `tie_ulps` units of the trace dtype's resolution
+at the score's size: gap <= tie_ulps * eps(dtype) * max(1, |s_k|), eps the spacing of that dtype's
+numbers at 1 (`torch.finfo(dtype).eps`: 2^-7 for bfloat16, 2^-10 for float16, 2^-23 for float32).
+With the default 8 ulps a bfloat16 engine's near-ties are gaps up to 0.0625 at logits of size 1 or
+less: the rounding of a bfloat16 router's inputs and logits moves logits by a few ulps. Any larger gap
 is flagged: numerics alone should not swap those experts.
 """
 from __future__ import annotations
@@ -34,7 +40,7 @@ from routescope.analysis.replay.row import TraceRow
 
 MISMATCH_COLUMNS = {"row": "string", "position": "int64", "token_id": "int64", "layer": "string",
                     "engine_experts": "string", "reference_experts": "string", "margin": "float64",
-                    "near_tie": "bool", "gone_in_float32": "boolean"}
+                    "near_tie": "bool", "gone_in_float32": "boolean", "swap_gap": "float64"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -94,11 +100,13 @@ def near_tie_threshold(kth: np.ndarray, dtype: torch.dtype, ulps: float) -> np.n
 @dataclass
 class Reference:
     """One row's reference routing. ids: [T, L, k] int64 (rank order); margin: [T, L] the k-th minus
-    the (k+1)-th largest logit (inf where a layer has k experts only); kth: [T, L] the k-th logit."""
+    the (k+1)-th largest logit (inf where a layer has k experts only); kth: [T, L] the k-th logit;
+    logits: [T, L, n] float32, the router's logits (the swap gap of a mismatch reads them)."""
 
     ids: np.ndarray
     margin: np.ndarray
     kth: np.ndarray
+    logits: np.ndarray
 
 
 @torch.inference_mode()
@@ -119,8 +127,8 @@ def reference_routes(model: Any, shape: Shape, rows: Sequence[np.ndarray]) -> li
     top = torch.topk(logits, min(shape.k + 1, logits.shape[-1]), dim=-1).values  # [B, T, L, k+1]
     kth = top[..., shape.k - 1]
     margin = kth - top[..., shape.k] if top.shape[-1] > shape.k else torch.full_like(kth, float("inf"))
-    ids, margin, kth = ids.long().numpy(), margin.numpy(), kth.numpy()
-    return [Reference(ids[i, :t], margin[i, :t], kth[i, :t]) for i, t in enumerate(lengths)]
+    ids, margin, kth, logits = ids.long().numpy(), margin.numpy(), kth.numpy(), logits.numpy()
+    return [Reference(ids[i, :t], margin[i, :t], kth[i, :t], logits[i, :t]) for i, t in enumerate(lengths)]
 
 
 def aligned(row: TraceRow, shape: Shape) -> np.ndarray:
@@ -146,6 +154,23 @@ def aligned(row: TraceRow, shape: Shape) -> np.ndarray:
     out = np.empty_like(e)
     out[:, order] = e
     return out
+
+
+def swap_gap(logits: np.ndarray, ref: np.ndarray, engine: np.ndarray) -> np.ndarray:
+    """[m] the reference's lowest logit among the experts the engine left out minus its highest among
+    those the engine took instead: how far the engine's set is from a top-k the reference could have
+    picked with its scores moved by that much (the margin, where it swapped the k-th for the (k+1)-th).
+    inf where the engine took an id the layer does not have, or fewer distinct ids than k.
+    logits: [m, n]; ref, engine: [m, k]."""
+    n = logits.shape[-1]
+    left = ~(ref[:, :, None] == engine[:, None, :]).any(-1)  # [m, k] reference ids the engine left out
+    took = ~(engine[:, :, None] == ref[:, None, :]).any(-1)  # [m, k] engine ids outside the reference's set
+    valid = ((engine >= 0) & (engine < n)).all(-1)
+    rows = np.arange(len(ref))[:, None]
+    low = np.where(left, logits[rows, ref], np.inf).min(-1)
+    high = np.where(took & valid[:, None], logits[rows, np.clip(engine, 0, n - 1)], -np.inf).max(-1)
+    distinct = np.array([len(set(x)) == engine.shape[1] for x in engine.tolist()], dtype=bool)
+    return np.where(valid & distinct, low - high, np.inf)
 
 
 def _ids_text(a: np.ndarray) -> list[str]:
@@ -180,6 +205,7 @@ def compare_row(row: TraceRow, engine: np.ndarray, ref: Reference, shape: Shape,
     first = np.where(equal.all(1), -1, np.argmax(~equal, axis=1)) if n else np.zeros(0, dtype=np.int64)
     t, l = np.nonzero(~equal)
     margin, kth = ref.margin[s + t, l], ref.kth[s + t, l]
+    gap = swap_gap(ref.logits[s + t, l], r[t, l], e[t, l]).astype(np.float64)
     if ref32 is not None:
         r32 = ref32[s + t, l]
         gone = pd.array((r32[:, :, None] == e[t, l][:, None, :]).any(-1).sum(-1) == shape.k, dtype="boolean")
@@ -191,8 +217,8 @@ def compare_row(row: TraceRow, engine: np.ndarray, ref: Reference, shape: Shape,
         "token_id": tokens[s + t], "layer": pd.array([shape.layers[i] for i in l], dtype="string"),
         "engine_experts": pd.array(_ids_text(e[t, l]), dtype="string"),
         "reference_experts": pd.array(_ids_text(r[t, l]), dtype="string"),
-        "margin": margin.astype(np.float64), "near_tie": margin <= near_tie_threshold(kth, dtype, tie_ulps),
-        "gone_in_float32": gone})
+        "margin": margin.astype(np.float64), "near_tie": gap <= near_tie_threshold(kth, dtype, tie_ulps),
+        "gone_in_float32": gone, "swap_gap": gap})
     return RowResult(row.row, tokens, equal, overlap, first, mism, s)
 
 

@@ -124,7 +124,8 @@ def _results(result, shape, tok, path: str) -> None:
         toks = [tok.decode([int(t)]) for t in d.token_ids] if tok is not None else None
         st.markdown(row_text_html(d, shape.layers, toks), unsafe_allow_html=True)
         st.plotly_chart(row_map(d, shape.layers, shape.k, toks), key="replay_row_map")
-        st.caption("This row's mismatches: the engine's and the reference's experts, the reference router's margin.")
+        st.caption("This row's mismatches: the engine's and the reference's experts, the reference router's margin "
+                   "and the swap gap (near_tie: within the engine dtype's resolution).")
         st.dataframe(d.mismatches, hide_index=True)
     for name in ("checks", "mismatches", "rows"):
         heading, about = SECTIONS[name]

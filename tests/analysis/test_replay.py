@@ -130,7 +130,12 @@ def test_an_edited_trace_of_transformers_routing_shows_exactly_its_edits(tmp_pat
         logits = routes[int(r.row[4:])][1][r.position, layers.index(r.layer)]
         s = np.sort(logits)[::-1]
         assert r.margin == pytest.approx(s[k - 1] - s[k], abs=1e-5)
-        assert r.near_tie == (r.margin <= 8 * torch.finfo(torch.float32).eps * max(1.0, abs(s[k - 1])))
+        # the swap gap: the lowest logit the engine left out minus the highest it took instead
+        mine = set(engine[r.row][1][r.position, layers.index(r.layer)].tolist())
+        ref = set(routes[int(r.row[4:])][0][r.position, layers.index(r.layer)].tolist())
+        gap = min(logits[j] for j in ref - mine) - max(logits[j] for j in mine - ref)
+        assert r.swap_gap == pytest.approx(gap, abs=1e-5) and r.swap_gap >= r.margin - 1e-6
+        assert r.near_tie == (gap <= 8 * torch.finfo(torch.float32).eps * max(1.0, abs(s[k - 1])))
         assert not r.gone_in_float32  # the float32 reference is the reference here: nothing goes away
         e = json.loads(r.engine_experts)
         assert e == engine[r.row][1][r.position, layers.index(r.layer)].tolist()
