@@ -74,6 +74,9 @@ class PruneMixin:
         why = self.prune_problem(n)
         if why:
             return why
+        if self._stack is None:  # the similarity reads each experts module's input from `capture`
+            why = self.quirk.reason("resume") or "no single stack of decoder layers with a final norm"
+            return f"{self.config.model_type}: merging reads the experts' inputs from a captured forward ({why})"
         for name, m in self.routing_modules.items():
             block = m.block
             if block.experts is None or block.routes_at_router:

@@ -152,3 +152,28 @@ def test_models_without_stacked_expert_weights_are_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and message in err and err.count("\n") == 1, err
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"])
+def test_every_stacked_layout_merges_to_a_model_with_the_merged_runs_logits(model_type, tokenizer, tmp_path):
+    """Each transformers MoE type of the test set: merged (one expert per layer), its merged experts removed (`pruned_copy`, what --merge-out writes) against the
+    merged run (the merged weights, the merged experts dropped)."""
+    model, tok = load_checkpoint(save_hf(hf_model(model_type, tokenizer.get_vocab_size()), tmp_path / model_type,
+                                         tokenizer), dtype="float32")
+    if model_type == "deepseek_v3":  # 8 experts in 4 groups scored by their top 2: none can go
+        assert "keep a multiple of 4, at least 8" in merge_problem(model, 1)
+        return
+    n = 1
+    assert merge_problem(model, n) is None
+    tokens = tokens_of(corpus(TEXTS[:4]), tok, model.context, None)
+    stats = merge_stats(model, tokens, ImportanceSettings(batch_size=4))
+    plan = merge_plan(stats, {l: list(range(m.n_experts - 1, -1, -1)) for l, m in model.routing_modules.items()}, n)
+    merged = model.merged_copy(plan, stats.usage)
+    written = merged.pruned_copy({l: sorted(p) for l, p in plan.items()})
+    x = torch.tensor([tok.encode(TEXTS[5]).ids])
+    with torch.inference_mode():
+        want = merged(x, ablation=Ablation(drop=tuple((l, d) for l, p in plan.items() for d in p))).logits
+        got = written(input_ids=x).logits.float()
+        plain = model(x, ablation=Ablation(drop=tuple((l, d) for l, p in plan.items() for d in p))).logits
+    assert (got - want).abs().max() <= FORWARD_EPS * EPS32 * want.abs().max()
+    assert (plain - want).abs().max() > 0  # the merge changed the kept experts (not the pruned model)
