@@ -118,10 +118,15 @@ def _checkboxes(model: RouteScopeLM, scope: str, layers: dict[str, int], labels)
     names = option_names(labels, n=n_global)
     drop, force = [], []
     # one source of truth: the Drop boxes; "Keep only" sets them and shows what they leave
-    st.selectbox("Keep only", [ALL] + list(range(n_global)), key=K.keep_only_key(scope),
-                 format_func=lambda j: "—" if j == ALL else names[j], on_change=_keep_changed, args=(scope, n_global),
-                 help="Keep one option and drop every other one everywhere (the Drop boxes below show it): with "
-                      "two paths, pgpt-1 of the paper")
+    k = max((k for k, _ in model.routing_top_k().values()), default=1)
+    if k <= 1:
+        st.selectbox("Keep only", [ALL] + list(range(n_global)), key=K.keep_only_key(scope),
+                     format_func=lambda j: "—" if j == ALL else names[j], on_change=_keep_changed,
+                     args=(scope, n_global),
+                     help="Keep one option and drop every other one everywhere (the Drop boxes below show it): "
+                          "with two paths, pgpt-1 of the paper")
+    else:  # one option left could never fill a top-k > 1: the ablation would be refused (README, Ablation)
+        st.caption(f"Keep only: not offered here, top-{k} routing needs {k} options left in a layer")
     st.caption("Drop everywhere")
     for j in range(n_global):
         if st.checkbox(f"Drop {names[j]}", key=K.drop_global_key(scope, j), on_change=_drop_changed,
