@@ -36,6 +36,8 @@ HELDOUT, IN_SAMPLE = "heldout", "in-sample"
 IN_SAMPLE_LABEL = "in-sample (optimistic)"
 LOW_SPEARMAN = 0.5  # under it, the estimate's ranking of a layer is not trusted (issue 40)
 MANY_TICKS = 64  # past it, the expert ticks get a smaller font
+# one colour per ranking, the same held-out (solid) and in-sample (dashed); the merge line its own
+RANKING_COLOURS = {"causal": "#636EFA", "usage": "#EF553B", "random": "#00CC96", "merge": "#AB63FA"}
 
 
 def expert_id(label: str) -> str:
@@ -62,16 +64,16 @@ def bound(values) -> float:
     return float(v.max()) if len(v) and v.max() > 0 else 1.0
 
 
+_STOPS = np.array([float(p) for p, _ in EFFECT_SCALE])
+_RGB = np.array([pc.unlabel_rgb(pc.convert_colors_to_same_type(c, "rgb")[0][0]) for _, c in EFFECT_SCALE], float)
+
+
 def effect_colours(values, half_width: float) -> list[str]:
     """Each value's colour on EFFECT_SCALE over [-half_width, half_width] (NaN: the neutral grey)."""
-    out = []
-    for v in values:
-        if not math.isfinite(v):
-            out.append(NEUTRAL)
-            continue
-        t = 0.5 + 0.5 * max(-1.0, min(1.0, v / half_width))
-        out.append(pc.sample_colorscale(EFFECT_SCALE, [t], colortype="rgb")[0])
-    return out
+    v = np.asarray(values, dtype=float)
+    t = 0.5 + 0.5 * np.clip(v / half_width, -1.0, 1.0)
+    rgb = np.stack([np.interp(t, _STOPS, _RGB[:, k]) for k in range(3)], axis=-1) if len(v) else np.zeros((0, 3))
+    return [f"rgb({r:.0f},{g:.0f},{b:.0f})" if math.isfinite(x) else NEUTRAL for x, (r, g, b) in zip(v, rgb)]
 
 
 def _hover(r) -> str:
@@ -120,40 +122,40 @@ def effects(tables: Mapping[str, pd.DataFrame], sort: bool = False) -> go.Figure
     order drawn, so a sorted layer still names each dot's expert."""
     imp = flagged(tables)
     half = bound(imp["effect"])
+    imp["hover"] = [_hover(r) for r in imp.itertuples()]
+    imp["colour"] = effect_colours(imp["effect"], half)
     ctl = tables.get("control_summary")
-    ctl = ctl.set_index("layer") if ctl is not None and len(ctl) else None
+    band = {r.layer: (float(r.control_low), float(r.control_high)) for r in ctl.itertuples()} \
+        if ctl is not None and len(ctl) else {}
     layers = list(dict.fromkeys(imp["layer"]))
-    fig, axes = go.Figure(), []
-    for j, layer in enumerate(layers):
-        g = layer_order(imp[imp["layer"] == layer], sort).reset_index(drop=True)
+    traces, axes = [], []
+    for j, (layer, g) in enumerate(imp.groupby("layer", sort=False)):
+        g = layer_order(g, sort).reset_index(drop=True)
         n = len(g)
-        ticks = [expert_id(s) for s in g["label"]]
-        axes.append({"xaxis.tickvals": list(range(n)), "xaxis.ticktext": ticks, "xaxis.range": [-0.5, n - 0.5],
-                     "xaxis.tickangle": -90 if n > 16 else 0,
+        axes.append({"xaxis.tickvals": list(range(n)), "xaxis.ticktext": [expert_id(s) for s in g["label"]],
+                     "xaxis.range": [-0.5, n - 0.5], "xaxis.tickangle": -90 if n > 16 else 0,
                      "xaxis.tickfont.size": 9 if n > MANY_TICKS else 12})
-        if ctl is not None and layer in ctl.index:
-            lo, hi = float(ctl.loc[layer, "control_low"]), float(ctl.loc[layer, "control_high"])
-            fig.add_trace(go.Scatter(x=[-0.5, n - 0.5, n - 0.5, -0.5], y=[lo, lo, hi, hi], fill="toself",
-                                     mode="lines", line=dict(width=0), fillcolor="rgba(120,120,120,0.18)",
-                                     name="random-expert control (95% of draws)", hoverinfo="skip",
-                                     legendgroup="control", showlegend=j == 0, visible=j == 0))
-        else:
-            fig.add_trace(go.Scatter(x=[], y=[], visible=j == 0, showlegend=False, hoverinfo="skip"))
+        lo, hi = band.get(layer, (None, None))
+        traces.append(go.Scatter(x=[-0.5, n - 0.5, n - 0.5, -0.5] if lo is not None else [],
+                                 y=[lo, lo, hi, hi] if lo is not None else [], fill="toself", mode="lines",
+                                 line=dict(width=0), fillcolor="rgba(120,120,120,0.18)",
+                                 name="random-expert control (95% of draws)", hoverinfo="skip",
+                                 legendgroup="control", showlegend=j == 0 and lo is not None, visible=j == 0))
         ex, est = g[g["exact"]], g[~g["exact"] & g["effect"].notna()]
-        fig.add_trace(go.Scatter(
+        traces.append(go.Scatter(
             x=list(ex.index), y=ex["effect"], mode="markers", name="dropped alone (95% interval)",
             legendgroup="exact", showlegend=j == 0, visible=j == 0,
-            marker=dict(color=effect_colours(ex["effect"], half), size=8, line=dict(width=1, color=HIGHLIGHT)),
+            marker=dict(color=list(ex["colour"]), size=8, line=dict(width=1, color=HIGHLIGHT)),
             error_y=dict(type="data", symmetric=False, array=(ex["delta_nll_high"] - ex["effect"]).tolist(),
                          arrayminus=(ex["effect"] - ex["delta_nll_low"]).tolist(), color=HIGHLIGHT, thickness=1,
                          width=2),
-            customdata=[_hover(r) for r in ex.itertuples()], hovertemplate="%{customdata}<extra></extra>"))
-        fig.add_trace(go.Scatter(
+            customdata=list(ex["hover"]), hovertemplate="%{customdata}<extra></extra>"))
+        traces.append(go.Scatter(
             x=list(est.index), y=est["effect"], mode="markers", name="first-order estimate (no interval)",
             legendgroup="estimate", showlegend=j == 0, visible=j == 0,
-            marker=dict(color=effect_colours(est["effect"], half), size=8, symbol="diamond",
-                        line=dict(width=1, color=HIGHLIGHT)),
-            customdata=[_hover(r) for r in est.itertuples()], hovertemplate="%{customdata}<extra></extra>"))
+            marker=dict(color=list(est["colour"]), size=8, symbol="diamond", line=dict(width=1, color=HIGHLIGHT)),
+            customdata=list(est["hover"]), hovertemplate="%{customdata}<extra></extra>"))
+    fig = go.Figure(traces)
     fig.add_hline(y=0, line=dict(color="#888", width=1))
     if axes:
         fig.update_xaxes(tickvals=axes[0]["xaxis.tickvals"], ticktext=axes[0]["xaxis.ticktext"],
@@ -179,9 +181,10 @@ def agreement(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame | None:
     return t if t is not None and len(t) else None
 
 
-def low_agreement(tables: Mapping[str, pd.DataFrame]) -> list[str]:
+def low_agreement(tables: Mapping[str, pd.DataFrame], notes=()) -> list[str]:
     """One line per layer whose estimate ranks its experts at Spearman under LOW_SPEARMAN against the
-    exact values (the table's own note where it has one), suggesting the exact sweep there."""
+    exact values, suggesting the exact sweep there: the sweep's own note on that layer (in `notes`,
+    starting with the layer's name, or the table's `notes` column) where it made one."""
     t = agreement(tables)
     if t is None:
         return []
@@ -189,8 +192,9 @@ def low_agreement(tables: Mapping[str, pd.DataFrame]) -> list[str]:
     for r in t.itertuples():
         if not (math.isfinite(r.spearman) and r.spearman < LOW_SPEARMAN):
             continue
+        own = [n for n in notes if n.startswith(f"{r.layer}:")]
         note = getattr(r, "notes", None)
-        out.append(note if isinstance(note, str) and note else
+        out.append(own[0] if own else note if isinstance(note, str) and note else
                    f"{r.layer}: the estimate ranks experts at Spearman ρ {r.spearman:.2f} against the exact values "
                    f"(under {LOW_SPEARMAN}): measure this layer with --method exact.")
     return out
@@ -251,12 +255,13 @@ def pruning(tables: Mapping[str, pd.DataFrame], in_sample: bool = False) -> go.F
     for (part, ranking), g in (c.groupby(["evaluated_on", "ranking"], sort=False) if c is not None else []):
         suffix = "" if part == HELDOUT else f", {IN_SAMPLE_LABEL}"
         dash = "solid" if part == HELDOUT else "dash"
+        colour = RANKING_COLOURS.get(ranking, NEUTRAL)
         if ranking == "random" and (g["draws"] > 1).any():
             fig.add_trace(go.Scatter(x=list(g["n_pruned"]) + list(g["n_pruned"])[::-1],
                                      y=list(g["loss_high"]) + list(g["loss_low"])[::-1], fill="toself",
-                                     line=dict(width=0), opacity=0.25, name=f"random (95% of draws){suffix}",
-                                     hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=g["n_pruned"], y=g["loss"], mode="lines+markers", line=dict(dash=dash),
+                                     line=dict(width=0), fillcolor=colour, opacity=0.15 if suffix else 0.25,
+                                     name=f"random (95% of draws){suffix}", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=g["n_pruned"], y=g["loss"], mode="lines+markers", line=dict(dash=dash, color=colour),
                                  name=f"pruned, by {ranking}{suffix}"))
     if merge is not None:
         held_causal = c is not None and ((c["evaluated_on"] == HELDOUT) & (c["ranking"] == "causal")).any()
@@ -264,7 +269,8 @@ def pruning(tables: Mapping[str, pd.DataFrame], in_sample: bool = False) -> go.F
             if strategy == "prune" and held_causal:
                 continue  # the same experts dropped on the same rows as the causal pruning line
             fig.add_trace(go.Scatter(x=g["n_removed"], y=g["loss"], mode="lines+markers",
-                                     line=dict(dash="dot" if strategy == "merge" else "solid", width=3),
+                                     line=dict(dash="dot" if strategy == "merge" else "solid", width=3,
+                                               color=RANKING_COLOURS["merge" if strategy == "merge" else "causal"]),
                                      customdata=g["merged"] if "merged" in g else None,
                                      name="merged into the most similar kept expert" if strategy == "merge" else
                                      "pruned, by causal (merge run)",

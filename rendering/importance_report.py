@@ -66,9 +66,13 @@ def figures(tables: Mapping[str, pd.DataFrame], sort: bool = False,
     return {k: v for k, v in out.items() if v is not None}
 
 
-def captions(tables: Mapping[str, pd.DataFrame], in_sample: bool = False) -> dict[str, list[str]]:
-    """Lines shown under a section's figure (the view and the page alike): which cells are estimates,
-    the layers where the estimate ranks badly, what the pruning curve was judged on."""
+PRUNING_NOTES = ("no held-out pruning curve", "no pruning curve", "no merge curve")  # the sweep's notes on them
+
+
+def captions(tables: Mapping[str, pd.DataFrame], in_sample: bool = False, notes=()) -> dict[str, list[str]]:
+    """Lines shown under a section (the view and the page alike): which cells are estimates, the layers
+    where the estimate ranks badly, what the pruning curve was judged on; the sweep's `notes` on
+    those go with them (`unplaced`: the others)."""
     imp = F.flagged(tables)
     out: dict[str, list[str]] = {"heatmap": [], "estimate": [], "pruning": [F.pruning_caption(tables, in_sample)]}
     est = int((~imp["exact"] & imp["effect"].notna()).sum())
@@ -80,8 +84,16 @@ def captions(tables: Mapping[str, pd.DataFrame], in_sample: bool = False) -> dic
     elif F.agreement(tables) is None:
         out["estimate"].append("No estimate_agreement table: no expert was measured both ways.")
     else:
-        out["estimate"] += F.low_agreement(tables) or ["The estimate ranks every layer at Spearman ρ 0.5 or more."]
+        out["estimate"] += F.low_agreement(tables, notes) or [
+            f"The estimate ranks every layer at Spearman ρ {F.LOW_SPEARMAN} or more."]
+    out["pruning"] += [n for n in notes if n.startswith(PRUNING_NOTES)]
     return out
+
+
+def unplaced(lines: Mapping[str, list[str]], notes) -> list[str]:
+    """The sweep's notes that no section shows (`captions`)."""
+    shown = {n for v in lines.values() for n in v}
+    return [n for n in notes if n not in shown]
 
 
 def page(tables: Mapping[str, pd.DataFrame], provenance: Mapping[str, Any], notes=()) -> str:
@@ -90,13 +102,17 @@ def page(tables: Mapping[str, pd.DataFrame], provenance: Mapping[str, Any], note
     extra, first = [], True
     curve = tables.get("pruning_curve")
     in_sample = curve is not None and "evaluated_on" in curve and (curve["evaluated_on"] == F.IN_SAMPLE).any()
-    lines = captions(tables, in_sample)  # the in-sample curve is in the tables only when it was asked for
-    for name, fig in figures(tables, in_sample=in_sample).items():
-        heading, text = SECTIONS[name]
+    lines = captions(tables, in_sample, notes)  # the in-sample curve is in the tables only when it was asked for
+    figs = figures(tables, in_sample=in_sample)
+    for name, (heading, text) in SECTIONS.items():
+        fig = figs.get(name)
+        if fig is None and not lines.get(name):
+            continue
         below = "".join(f"<p class='note'>{esc(n)}</p>" for n in lines.get(name, ()))
-        extra.append((name, heading, f"<p>{esc(text)}</p>" + fig.to_html(full_html=False, include_plotlyjs=first,
-                                                                         div_id=f"fig-{name}") + below))
-        first = False
+        drawn = "" if fig is None else f"<p>{esc(text)}</p>" + fig.to_html(full_html=False, include_plotlyjs=first,
+                                                                           div_id=f"fig-{name}")
+        first = first and fig is None
+        extra.append((name, heading, drawn + below))
     for name, df in tables.items():
         extra.append((f"table-{name}", name.replace("_", " ").capitalize(), html_table(df)))
     intro = (f"<p>{esc(str(provenance.get('model')))} on {esc(str(provenance.get('dataset')))} "
@@ -105,4 +121,4 @@ def page(tables: Mapping[str, pd.DataFrame], provenance: Mapping[str, Any], note
              f"{float(provenance.get('base_loss', float('nan'))):.4f}; effects in "
              f"{esc(str(provenance.get('effects_dtype')))}, {esc(str(provenance.get('method')))}.</p>")
     return render_page(title=f"Which experts matter: {provenance.get('model')}", intro=intro, pieces={},
-                       tables=dict(tables), notes=list(notes), extra=extra, meta=dict(provenance))
+                       tables=dict(tables), notes=unplaced(lines, notes), extra=extra, meta=dict(provenance))

@@ -24,7 +24,7 @@ from routescope.analysis.reports.importance import ImportanceSettings, importanc
 from routescope.app import corpus_resources as CR
 from routescope.app import state as K
 from routescope.rendering.importance_figures import flagged, low_agreement
-from routescope.rendering.importance_report import SECTIONS, captions, figures, page
+from routescope.rendering.importance_report import SECTIONS, captions, figures, page, unplaced
 from routescope.app.messages import show_error
 from routescope.core_models.ablation import NO_ABLATION, Ablation
 
@@ -278,14 +278,14 @@ def _result(job, path: str, settings: ImportanceSettings) -> None:
     st.caption(f"{prov['rows']:,} rows, {prov['predicted_positions']:,} predicted positions, "
                f"effects in {prov['effects_dtype']} ({prov['method']}) in {job.seconds:.1f} s; "
                "cached per checkpoint digest, dataset digest and settings.")
-    for note in result.notes:
-        st.caption(note)
     tables = result.tables
+    in_sample = bool(getattr(settings, "in_sample_curve", False))
+    lines = captions(tables, in_sample, result.notes)  # a note on a section goes under its figure
+    for note in unplaced(lines, result.notes):
+        st.caption(note)
     imp = flagged(tables)
     st.caption(f"{int(imp['outside_control'].sum())} of {len(imp)} options lie outside their layer's control interval (★).")
     sort = st.toggle("Sort each layer by effect", key=K.EXPERTS_SORT, on_change=_keep, args=(K.EXPERTS_SORT,))
-    in_sample = bool(getattr(settings, "in_sample_curve", False))
-    lines = captions(tables, in_sample)
     figs = figures(tables, sort=sort, in_sample=in_sample)
     for name, (heading, text) in SECTIONS.items():
         fig = figs.get(name)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from routescope.rendering import importance_figures as F
-from routescope.rendering.importance_report import captions, figures, page
+from routescope.rendering.importance_report import captions, figures, page, unplaced
 
 LAYERS = ("model.layers.0.mlp.gate", "model.layers.1.mlp.gate")
 
@@ -235,3 +235,15 @@ def test_the_page_holds_every_figure_and_the_notes():
     for line in captions(t, in_sample=True)["estimate"] + captions(t, in_sample=True)["pruning"]:
         assert html.escape(line) in doc
     assert "a sweep note" in doc and "m<script>" not in doc.split('id="corpus-data"')[0]
+
+
+def test_the_sweeps_notes_go_under_their_section_once():
+    t = tables(n=8, exact_every=2)
+    notes = [f"{LAYERS[1]}: the first-order estimate ranks this layer's experts poorly: measure it exactly",
+             "no held-out pruning curve: 16 rows: too few", "effects measured on a float32 copy"]
+    lines = captions(t, notes=notes)
+    assert lines["estimate"] == [notes[0]]  # the sweep's own note on the low layer, not a second one
+    assert notes[1] in lines["pruning"]
+    assert unplaced(lines, notes) == [notes[2]]
+    doc = page(t, {"model": "m", "rows": 1}, notes=notes)
+    assert all(doc.count(html.escape(n)) == 1 for n in notes)
