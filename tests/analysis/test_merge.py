@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+from routescope.analysis.corpus.run import Stopped
 from routescope.analysis.inputs import datasets as D
 from routescope.analysis.reports.importance import ImportanceSettings, importance
 from routescope.analysis.reports.importance.merge import merge_plan, merge_problem, merge_stats
@@ -95,6 +96,8 @@ def test_merge_plan_goes_to_the_most_similar_kept_expert(tokenizer, tmp_path):
         assert np.allclose(stats.similarity[layer][d], want.numpy(), atol=1e-5)
     plan = merge_plan(stats, {l: [3, 0, 1, 2] for l in stats.usage}, 1)
     assert plan[layer] == {3: int(np.argmax(stats.similarity[layer][3][[0, 1, 2]]))}
+    with pytest.raises(Stopped):  # Cancel in the view stops the merge's pass too
+        merge_stats(model, tokens, ImportanceSettings(batch_size=4), stop=lambda: True)
 
 
 def test_merged_checkpoint_opens_in_transformers_with_the_merged_runs_logits(tmp_path, capsys):

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from routescope.analysis.corpus.run import Stopped
 from routescope.analysis.reports.importance.measure import Sums
 from routescope.analysis.reports.importance.plan import ImportanceSettings, Tokens, batches, pruning_ablation
 
@@ -46,9 +47,10 @@ def merge_problem(model: Any, n: int) -> str | None:
     return model.merge_problem(n)
 
 
-def merge_stats(model: Any, tokens: Tokens, settings: ImportanceSettings) -> MergeStats:
+def merge_stats(model: Any, tokens: Tokens, settings: ImportanceSettings,
+                stop: Callable[[], bool] | None = None) -> MergeStats:
     """Usage and output similarity of every expert pair per layer over `tokens` (unablated forwards of
-    batches, each layer's experts run on its captured input)."""
+    batches, each layer's experts run on its captured input); `stop()` True ends with `Stopped`."""
     pad = max(0, int(getattr(model.config, "pad_id", 0)))
     n = {l: m.n_experts for l, m in model.routing_modules.items()}
     use = {l: np.zeros(n[l]) for l in n}
@@ -57,6 +59,8 @@ def merge_stats(model: Any, tokens: Tokens, settings: ImportanceSettings) -> Mer
     total = 0
     with torch.inference_mode():
         for _, x, lengths in batches(tokens, settings.batch_size, pad):
+            if stop is not None and stop():
+                raise Stopped()
             prefix = model.capture(x.to(model.device))
             for l in n:
                 hidden, idx, _ = prefix.experts[l]

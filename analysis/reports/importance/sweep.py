@@ -285,7 +285,7 @@ def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: S
         if why:
             notes.append(f"no merge curve: {why}")
         else:
-            stats = merge_stats(model, subset(tokens, split.ranking), settings)
+            stats = merge_stats(model, subset(tokens, split.ranking), settings, stop)
             curve, plans = merge_curve(measure, model, subset(tokens, split.heldout), causal, stats,
                                        list(range(1, settings.merge_max + 1)), settings=settings, fast=fast, stop=stop)
             tables["merge_curve"] = curve
