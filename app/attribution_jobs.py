@@ -16,6 +16,8 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 import streamlit as st
+from streamlit.runtime import Runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from routescope.analysis.runs.attribution import Stopped
 
@@ -28,8 +30,10 @@ class Job:
     """One attribution on a thread of its own. `spec`: what it computes (its key in `store`).
     Written by its thread only; read by the session's reruns."""
 
-    def __init__(self, spec: tuple, work: Work, store: "Finished") -> None:
-        self.spec, self.store = spec, store  # store: finished(), got on the script thread
+    def __init__(self, spec: tuple, work: Work, store: "Finished", alive: Callable[[], bool] = lambda: True) -> None:
+        """`alive()`: whether the browser session that started it is still connected (`session_alive`);
+        the job stops, as on Cancel, once it is not (a closed tab leaves no job running to its end)."""
+        self.spec, self.store, self.alive = spec, store, alive  # store: finished(), got on the script thread
         self.done, self.total = 0, 0
         self.cancel = threading.Event()  # set by Cancel (or a changed target): the loop stops at its next check
         self.finished = threading.Event()
@@ -53,9 +57,15 @@ class Job:
             return None
         return (time.perf_counter() - self.started) / self.done * (self.total - self.done)
 
+    def should_stop(self) -> bool:
+        """Checked before each forward: Cancel was pressed, or the session is gone."""
+        if not self.cancel.is_set() and not self.alive():
+            self.cancel.set()
+        return self.cancel.is_set()
+
     def _run(self, work: Work) -> None:
         try:
-            self.result = work(self.progress, self.cancel.is_set)
+            self.result = work(self.progress, self.should_stop)
             self.store[self.spec] = self.result
         except Stopped:
             self.stopped = True
@@ -84,6 +94,17 @@ class Finished:
             self._done.move_to_end(spec)
             while len(self._done) > self.keep:
                 self._done.popitem(last=False)
+
+
+def session_alive() -> Callable[[], bool]:
+    """For a job started from this script run: whether its browser session is still connected
+    (Streamlit's runtime; a disconnect, a closed tab or a reload, ends it). Always True where there is
+    no runtime (AppTest, scripts)."""
+    ctx = get_script_run_ctx()
+    if ctx is None or not Runtime.exists():
+        return lambda: True
+    runtime, session = Runtime.instance(), ctx.session_id
+    return lambda: runtime.is_active_session(session)
 
 
 @st.cache_resource(show_spinner=False)

@@ -14,7 +14,7 @@ from routescope.analysis.runs.attribution import (STEP_CHOICES, PathAttribution,
 from routescope.analysis.runs.session import Run, decode_tokens
 
 from routescope.app import state as K
-from routescope.app.attribution_jobs import Job, Work, finished
+from routescope.app.attribution_jobs import Job, Work, finished, session_alive
 from routescope.app.messages import show_error
 from routescope.rendering.style import TOKEN_WINDOW, show_token
 from routescope.rendering.bar_figures import attribution_figure, path_effects_figure, path_effects_table
@@ -72,7 +72,7 @@ def _attribute(request: tuple, spec: tuple, work: Work):
     job = st.session_state.get(JOB)
     if job is None or job.spec != spec:
         _stop(job)
-        job = st.session_state[JOB] = Job(spec, work, store)
+        job = st.session_state[JOB] = Job(spec, work, store, session_alive())
         job.finished.wait(QUICK_SECONDS)
     if job.running:
         _progress(job)

@@ -176,3 +176,36 @@ def test_the_view_shows_progress_and_cancel_stops_it_with_one_line():
     assert again is not job and again.running and not any(i.value.startswith("Cancelled") for i in at.info)
     at.radio(key=K.ATTR_METHOD).set_value("exact ablation (paths)").run()  # another method: nobody waits for it
     assert again.finished.wait(10) and again.stopped
+
+
+def test_a_job_whose_session_is_gone_stops_within_a_forward_and_keeps_nothing():
+    """The browser session that started a job disconnects (a closed tab): `alive()` turns False and the
+    job stops before its next forward, as on Cancel, storing nothing."""
+    n, _ = options_and_rows("olmoe-tiny")
+    model, stamps = counted(olmoe())
+    store, spec, gone = Finished(), ("ablation", "olmoe-tiny", 5, TOKEN, "closed"), threading.Event()
+    slow = threading.Event()
+
+    def work(progress, stop):
+        def paced(done: int, total: int) -> None:
+            progress(done, total)
+            slow.wait(0.05)
+        return PathAttribution(model).attribute(IDS, 5, TOKEN, method="ablation", progress=paced, stop=stop,
+                                                ablations_per_forward=1)
+
+    job = Job(spec, work, store, alive=lambda: not gone.is_set())
+    deadline = time.perf_counter() + 60
+    while job.done < 3 and job.running and time.perf_counter() < deadline:
+        time.sleep(0.005)
+    assert job.running, "the run ended before its session could go"
+    before = len(stamps)
+    gone.set()
+    assert job.finished.wait(10)
+    assert job.stopped and job.cancel.is_set() and job.result is None and store.get(spec) is None
+    assert len(stamps) - before <= 1 and job.done < n  # at most the forward already under way
+
+
+def test_outside_a_streamlit_server_a_session_is_always_alive():
+    from routescope.app.attribution_jobs import session_alive
+
+    assert session_alive()() is True  # no runtime here (as under AppTest): jobs stop on Cancel only
