@@ -308,3 +308,18 @@ def test_the_page_escapes_row_ids_and_token_text():
     shown, data = html.split('<script type="application/json" id="corpus-data">')
     assert evil not in shown and "<b>t</b>" not in shown and "&lt;img src=x onerror=alert(1)&gt;" in shown
     assert "</" not in data.split("</script>")[0]
+
+
+@pytest.mark.parametrize("name, body, words", [
+    ("t.jsonl", '{"hello": 1}\n', "unknown trace format"),
+    ("s.jsonl", json.dumps({"input_ids": [5, 6, 7], "output_ids": [8], "meta_info": {
+        "id": "cut", "routed_experts": "AAAAAAMAAAAB"[:-3]}}) + "\n", "'cut'"),  # truncated base64
+    ("e.csv", "row,position,token_id,layer,k,expert\n", "no routing records"),
+])
+def test_bad_traces_are_one_line_and_leave_no_output(tmp_path, capsys, name, body, words):
+    trace = tmp_path / name
+    trace.write_text(body, encoding="utf-8")
+    out = tmp_path / "out"
+    code, err = run(["--threads", "1", "replay", CK / "olmoe-tiny", "--trace", trace, "--out", out, "--quiet"], capsys)
+    assert code == 2 and err.count("\n") == 1 and words in err, err
+    assert not out.exists()
