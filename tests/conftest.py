@@ -69,6 +69,7 @@ APP_FAST = {
     "app/test_app.py::test_every_view_renders",  # Routing, Ablation diff, Attribution, Table 6, Export
     "app/test_corpus_view.py::test_uploaded_tsv_per_label_shares_flags_specialisation_and_comparison",
     "app/test_experts_view.py::test_sweep_from_the_view_equals_the_analysis",
+    "app/test_app_replay.py::test_a_trace_replayed_from_the_view_equals_the_analysis",
     "analysis/test_hf.py::test_the_app_draws_routes_and_the_ablation_diff_of_an_hf_model",
     "analysis/test_toy_family.py::test_a_view_of_its_own_is_computed_and_drawn_by_the_app",
 }
