@@ -354,10 +354,10 @@ def replay(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--reference-dtype", choices=("float32",), default=None, metavar="DTYPE",
                    help="float32: also run the model in float32 and say which mismatches go away there")
     r.add_argument("--trace-dtype", choices=("float32", "bfloat16", "float16"), default=None, metavar="DTYPE",
-                   help="the dtype the engine routed in: near-ties are margins within --tie-ulps of its resolution "
+                   help="the dtype the engine routed in: a near-tie's swap gap is within --tie-ulps of its resolution "
                         "(default: the model's dtype as run, --dtype)")
     r.add_argument("--tie-ulps", type=O.nonnegative_float, default=8.0,
-                   help="a margin of at most this many ulps of --trace-dtype (at the k-th logit's size) is a near-tie "
+                   help="a swap gap of at most this many ulps of --trace-dtype (at the k-th logit's size) is a near-tie "
                         "(default %(default)s)")
     r.add_argument("--batch-tokens", type=O.positive_int, default=4096, help="tokens per forward (default %(default)s)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
