@@ -163,8 +163,9 @@ def test_an_edited_trace_of_transformers_routing_shows_exactly_its_edits(tmp_pat
     assert prov["mismatches"] == len(swaps | dup) and prov["rows_left_out"] == 1
 
 
-def test_routescope_exports_own_table_replays_at_full_agreement(tmp_path, capsys):
-    path = CK / "olmoe-tiny"
+@pytest.mark.parametrize("name", ["olmoe-tiny", "moep"])  # transformers' OLMoE, and RouteScope's own MoEP
+def test_routescope_exports_own_table_replays_at_full_agreement(tmp_path, capsys, name):
+    path = CK / name
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
     exported = tmp_path / "routes.parquet"
