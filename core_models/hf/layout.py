@@ -162,6 +162,8 @@ def _block(name: str, router: nn.Module, named: dict[str, nn.Module], at: int, q
         raise UnsupportedMoE(f"{where} calls {type(experts).__name__}({', '.join(p.name for p in params)}) without "
                              f"the top-k indices and weights (RouteScope reads routes at {call})")
     n = getattr(router, q.expert_attr, None) if q.expert_attr else _n_experts(router, at, q.logits_weight)
+    if isinstance(n, int) and q.expert_attr:
+        n = n ** q.expert_power  # Doge: the experts its product keys reach
     if not isinstance(n, int) or n <= 0:
         raise UnsupportedMoE(f"its router {type(router).__name__} has no expert count `{q.expert_attr}`, which its "
                              f"record names ({q.why})")

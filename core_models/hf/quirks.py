@@ -42,6 +42,8 @@ class Quirk:
     expert_attr: str | None = None  # the router's attribute counting its experts, where its logits are not
     # one per expert; the record then masks a dropped expert where the router's top-k chooses among every
     # expert (the scores it takes, by the expert ids of the last integer tensor of that width: Doge)
+    expert_power: int = 1  # experts = expert_attr ** this (Doge: num_keys per half of its product keys, so
+    # num_keys^2 experts chosen among; a config's num_experts that is no square has rows no route reaches)
     expert_groups: str | None = None  # the (text) config field grouping the experts for a group-limited top-k
     # (each group scored by its top 2): pruning keeps a multiple of it, at least 2 a group
     last_options: tuple[str, ...] = ()  # labels of the router's last options where they are no experts
@@ -183,7 +185,7 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
           "logits [2, tokens, num_keys], a top-k over each half and over their sums picks among num_keys^2 experts "
           "(rows of down_embed / up_embed, used inline), softmax over the chosen; a shared MLP inline",
           output=("output", "product-key logits"), scoring="product keys, softmax over the top-k", routes="router",
-          experts=None, expert_attr="num_experts", expert_count=None,
+          experts=None, expert_attr="num_keys", expert_power=2, expert_count=None,
           unavailable=((LOGITS, "its router gives product-key logits (two halves of num_keys each, mixed across "
                                 "tokens by a view), not one logit per expert"),
                        (PROBS, "its softmax is over the chosen experts' scores only"),
