@@ -28,13 +28,12 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from routescope.analysis.reports.importance import outside_control
+from routescope.analysis.reports.importance.holdout import HELDOUT, IN_SAMPLE, IN_SAMPLE_LABEL
+from routescope.analysis.reports.importance.methods import AGREEMENT_LOW as LOW_SPEARMAN
 from routescope.rendering.style import HIGH_IS_BLUE, HIGHLIGHT, NEUTRAL
 
 EFFECT_SCALE = pc.get_colorscale(HIGH_IS_BLUE)  # [[position, colour]]: red at 0 (effect -bound), blue at 1
 EXACT, ESTIMATE = "delta_nll", "delta_nll_estimate"
-HELDOUT, IN_SAMPLE = "heldout", "in-sample"
-IN_SAMPLE_LABEL = "in-sample (optimistic)"
-LOW_SPEARMAN = 0.5  # under it, the estimate's ranking of a layer is not trusted (issue 40)
 MANY_TICKS = 64  # past it, the expert ticks get a smaller font
 # one colour per ranking, the same held-out (solid) and in-sample (dashed); the merge line its own
 RANKING_COLOURS = {"causal": "#636EFA", "usage": "#EF553B", "random": "#00CC96", "merge": "#AB63FA"}

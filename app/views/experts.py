@@ -111,8 +111,11 @@ def _restore(model) -> None:
     for key in K.EXPERTS_KEPT:
         if K.kept_key(key) in ss:
             ss[key] = ss[K.kept_key(key)]
-    if K.EXPERTS_LAYERS in ss:
+    if K.EXPERTS_LAYERS in ss:  # another checkpoint's layers: those this one has, else all of them
         ss[K.EXPERTS_LAYERS] = [l for l in ss[K.EXPERTS_LAYERS] if l in model.routing_layers()]
+        if not ss[K.EXPERTS_LAYERS]:
+            del ss[K.EXPERTS_LAYERS]
+            ss.pop(K.kept_key(K.EXPERTS_LAYERS), None)
     if ss.get(K.EXPERTS_SHIPPED) not in (None, *SH.shipped_datasets()):
         del ss[K.EXPERTS_SHIPPED]
 

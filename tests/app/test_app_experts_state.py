@@ -166,3 +166,19 @@ def test_time_left_shows_from_the_first_forward_at_128_experts_by_24_layers(tmp_
         time.sleep(0.5)
         at.run()
     assert not at.exception, [e.value for e in at.exception]
+
+
+def test_layers_kept_for_one_checkpoint_fall_back_to_all_on_another():
+    at = experts_view("mixtral-tiny")
+    layers = at.multiselect(key=K.EXPERTS_LAYERS)
+    chosen = layers.options[:1]
+    layers.set_value(chosen).run()
+    box = at.selectbox(key=K.CHECKPOINT)
+    box.set_value(next(p for p in box.options if Path(p).name == "papaformer-gumbel-v2")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    other = at.multiselect(key=K.EXPERTS_LAYERS)
+    assert other.value == other.options and other.options  # none of mixtral's layers: every layer of this one
+    box = at.selectbox(key=K.CHECKPOINT)
+    box.set_value(next(p for p in box.options if Path(p).name == "mixtral-tiny")).run()
+    assert not at.exception and at.multiselect(key=K.EXPERTS_LAYERS).value == at.multiselect(
+        key=K.EXPERTS_LAYERS).options
