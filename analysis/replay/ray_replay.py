@@ -64,11 +64,9 @@ def ray_references(spec: RaySpec):
                 files = ray.put(checkpoint_files(spec.checkpoint))
                 actors = [worker.remote(files, spec.dtype, spec.float32) for _ in range(spec.workers)]
                 flight: deque = deque()
-                n = 0
-                for batch in batches:
+                for n, batch in enumerate(batches):
                     ids = [row.token_ids for row, _ in batch if len(row.token_ids)]
                     flight.append((batch, actors[n % len(actors)].references.remote(shape, ids) if ids else None))
-                    n += 1
                     while len(flight) >= 2 * len(actors):
                         yield _done(ray, *flight.popleft())
                 while flight:

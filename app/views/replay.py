@@ -91,7 +91,7 @@ def show(model, tok, path: str, mtime: float) -> None:
     ulps = cols[2].number_input("Near-tie ulps", 0.0, 1e6, 8.0, key=ULPS)
     float32 = cols[3].checkbox("float32 too", key=FLOAT32, help="Also run a float32 copy: which mismatches go away")
     settings = ReplaySettings(tie_ulps=float(ulps), trace_dtype=None if tdt == TRACE_DTYPES[0] else tdt)
-    if not st.button("Replay", key=RUN, type="primary") and not st.session_state.get("replay_done") == chosen[1]:
+    if not st.button("Replay", key=RUN, type="primary") and st.session_state.get("replay_done") != chosen[1]:
         return
     try:
         with st.spinner("Replaying the trace…"):

@@ -42,7 +42,7 @@ def hf_routes(path: Path, ids: list[list[int]], dtype=torch.float32) -> list[tup
     out = []
     for x in ids:
         seen = []
-        hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o: seen.append(o[0].detach().float()))
+        hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o[0].detach().float()))
                  for layer in hf.model.layers]
         try:
             with torch.no_grad():
