@@ -97,12 +97,13 @@ def _both(model, tok):
                                                                control_draws=2))
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "olmoe", "qwen2_moe"])
+@pytest.mark.parametrize("model_type", ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss"])
 def test_the_estimate_of_a_drop_beside_the_exact_sweep(model_type, tok, tmp_path):
     """Every expert estimated and measured exactly (--confirm above the experts' count): the exact column
     equals the exact-only sweep's, the agreement table is the Spearman and top-10 recall of the two
     columns recomputed here, and the estimate ranks the experts better than chance over all layers
-    (printed; qwen2_moe: its shared expert too)."""
+    (printed; qwen2_moe: its shared expert too; deepseek_v3: group-limited selection on biased scores
+    and a shared expert; gpt_oss: a router with a bias, softmax over the top-k)."""
     model, _ = load_checkpoint(save_hf(hf_model(model_type, tok.get_vocab_size()), tmp_path / model_type, tok))
     assert all(v is None for v in support(model, list(model.routing_layers())).values())
     res = _both(model, tok)
