@@ -52,6 +52,14 @@ def paces() -> dict:
     return {}  # job key -> Pace of its latest run
 
 
+@st.cache_resource(max_entries=8, show_spinner="Drawing…")
+def _figures(_tables, job: str, sort: bool, in_sample: bool) -> dict:
+    """A finished sweep's figures, made once per (sweep, sort, in-sample) for every session: at 128 x 24 they
+    take about 2 s to make, and a click elsewhere on the page reruns the view. Read-only once made
+    (st.plotly_chart reads a figure into its own dict)."""
+    return figures(_tables, sort=sort, in_sample=in_sample)
+
+
 @st.cache_resource(max_entries=16, show_spinner="Hashing the weights…")
 def _digest(path: str, mtime: float) -> str:
     return weights_sha256(path)
@@ -272,10 +280,10 @@ def show(model, tok, path: str, mtime: float, ablation: Ablation = NO_ABLATION) 
     if job.running:
         _progress(job, key)
         return
-    _result(job, path, settings)
+    _result(job, key, path, settings)
 
 
-def _result(job, path: str, settings: ImportanceSettings) -> None:
+def _result(job, key: tuple, path: str, settings: ImportanceSettings) -> None:
     result = job.result
     prov = result.provenance
     st.caption(f"{prov['rows']:,} rows, {prov['predicted_positions']:,} predicted positions, "
@@ -289,7 +297,7 @@ def _result(job, path: str, settings: ImportanceSettings) -> None:
     imp = flagged(tables)
     st.caption(f"{int(imp['outside_control'].sum())} of {len(imp)} options lie outside their layer's control interval (★).")
     sort = st.toggle("Sort each layer by effect", key=K.EXPERTS_SORT, on_change=_keep, args=(K.EXPERTS_SORT,))
-    figs = figures(tables, sort=sort, in_sample=in_sample)
+    figs = _figures(tables, repr((key, job.started)), sort, in_sample)  # this run of the sweep
     for name, (heading, text) in SECTIONS.items():
         fig = figs.get(name)
         if fig is None and not lines.get(name):
