@@ -97,7 +97,8 @@ def _both(model, tok):
                                                                control_draws=2))
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("model_type", ["mixtral", "olmoe", "qwen2_moe"] + [  # the full suite: three more types
+    pytest.param(t, marks=pytest.mark.slow) for t in ("qwen3_moe", "deepseek_v3", "gpt_oss")])
 def test_the_estimate_of_a_drop_beside_the_exact_sweep(model_type, tok, tmp_path):
     """Every expert estimated and measured exactly (--confirm above the experts' count): the exact column
     equals the exact-only sweep's, the agreement table is the Spearman and top-10 recall of the two
@@ -177,6 +178,7 @@ def test_bad_method_or_confirm_is_one_line(bad, tmp_path, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and bad[0] in err and not (tmp_path / "o").exists(), err
 
 
+@pytest.mark.slow  # the exact sweep of MoEP's every option: 12 s
 def test_a_family_without_an_estimate_is_measured_exactly_and_says_why(tok):
     """A RouteScope family (MoEP) has no transformers MoE block: with both, every option is measured
     exactly, the estimate column stays empty, and one note names the layers and the reason."""
