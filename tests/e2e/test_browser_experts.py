@@ -1,7 +1,7 @@
 """In Chromium (Playwright) against `routescope app`: the Experts view measures olmoe-tiny and a
 128-expert OLMoE model (built from transformers' OlmoeConfig, saved with save_pretrained into the
-shared app's extra checkpoint root) over a file on the server, and draws the heatmap,
-the proxy scatter and the pruning curves. Screenshots to test-artifacts/experts_*.png."""
+shared app's extra checkpoint root) over a file on the server, and draws the heatmap, each
+expert with its interval, the estimate against the exact effect and the proxy scatter. Screenshots to test-artifacts/experts_*.png."""
 from __future__ import annotations
 
 import shutil
@@ -73,9 +73,11 @@ def test_experts_view_measures_and_draws(wide_root, app_url, browser, tmp_path, 
     page.get_by_role("button", name="Measure expert importance").click()
     page.get_by_text("Dropping experts one at a time").first.wait_for(timeout=60_000)
     page.screenshot(path=str(ARTIFACTS / f"experts_{name}_progress.png"))
-    page.wait_for_function(CHARTS_DRAWN, arg=3, timeout=600_000, polling=500)
+    # heatmap, each expert with its interval, estimate against exact, proxies (4 rows: no held-out pruning)
+    page.wait_for_function(CHARTS_DRAWN, arg=4, timeout=600_000, polling=500)
     _idle(page)
     assert page.get_by_text("outside their layer's control interval", exact=False).count() or \
         page.get_by_text("lie outside", exact=False).count()
+    assert page.get_by_text("Each expert with its interval", exact=True).count() == 1
     page.screenshot(path=str(ARTIFACTS / f"experts_{name}.png"), full_page=True)
     page.close()
