@@ -26,6 +26,24 @@ def _tokens_note(tokens: int, other: int) -> str:
     return "" if abs(tokens / other - 1) <= TOKEN_GAP else f" ({tokens / other:.2f}x its tokens)"
 
 
+def _runs(root: Path) -> str:
+    """The run directories (`routescope train --snapshots`: run.json, step-NNNN snapshots), each with its
+    snapshots' steps and validation losses, for the Drift view (docs/drift.md)."""
+    lines = []
+    for d in sorted(p for p in root.iterdir() if (p / "run.json").is_file()):
+        s = json.loads((d / "run.json").read_text())
+        val = {h["step"]: h for h in s["history"]}
+        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) / 2**20
+        losses = {n: " / ".join(f"{val[int(n[5:])]['val_' + k]:.3f}" for k in s["val_loss"]) for n in s["snapshots"]}
+        steps = ", ".join(f"{int(n[5:])} ({losses[n]})" for n in s["snapshots"])
+        lines.append(f"- [{d.name}]({d.name}/README.md): `{s['preset']}` trained with {len(s['snapshots'])} snapshots "
+                     f"kept along the way, {size:.1f} MB; step (validation loss {' / '.join(s['val_loss'])}): {steps}")
+    if not lines:
+        return ""
+    return ("\nRuns with their checkpoints kept along the way (`routescope train --snapshots`; the Drift view and "
+            "`routescope drift` read them, docs/drift.md):\n\n" + "\n".join(lines) + "\n")
+
+
 def main(root: Path = ROOT) -> int:
     rows = []
     base = json.loads((root / BASELINE / "training.json").read_text())["val_loss"] \
@@ -83,7 +101,7 @@ their load-balancing loss) at the same steps and tokens as {MOE_BASELINE}.
 
 | checkpoint | family | val loss story | val loss math | vs {BASELINE} | vs {EQUAL}, equal tokens | vs {MOE_BASELINE} | params | active/token | steps | tokens | minutes | note | routing report |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-""" + "\n".join(rows) + "\n"
+""" + "\n".join(rows) + "\n" + _runs(root)
     old = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
     if ROUTES_BLOCK in old:
         text += "\n" + old[old.index(ROUTES_BLOCK):]

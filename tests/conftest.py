@@ -70,6 +70,7 @@ APP_FAST = {
     "app/test_corpus_view.py::test_uploaded_tsv_per_label_shares_flags_specialisation_and_comparison",
     "app/test_experts_view.py::test_sweep_from_the_view_equals_the_analysis",
     "app/test_app_replay.py::test_a_trace_replayed_from_the_view_equals_the_analysis",
+    "app/test_app_drift.py::test_a_run_directory_shows_the_analysis_numbers",
     "analysis/test_hf.py::test_the_app_draws_routes_and_the_ablation_diff_of_an_hf_model",
     "analysis/test_toy_family.py::test_a_view_of_its_own_is_computed_and_drawn_by_the_app",
 }
