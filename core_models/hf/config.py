@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,12 @@ def causal_lm_class(model_type: Any, architectures: Any = None) -> Any:
     return None
 
 
+# transformers builds a model under `local_torch_dtype(config.dtype)`: torch's default dtype, set for the
+# whole process, so two threads building at once (the app's background jobs beside a session's load) can
+# leave it float16 for good; every build and from_pretrained takes this lock
+DEFAULT_DTYPE_LOCK = threading.RLock()
+
+
 def build_causal_lm(config: Any, **kwargs: Any) -> Any:
     """The causal LM transformers builds from its `config` (random weights; `kwargs`: dtype), by
     `causal_lm_class`; never a directory's own code."""
@@ -122,7 +129,8 @@ def build_causal_lm(config: Any, **kwargs: Any) -> Any:
     if cls is None:
         raise ValueError(f"model_type {config.model_type!r} is not a causal language model this transformers "
                          f"({_transformers_version()}) knows")
-    if hasattr(cls, "_model_mapping"):  # the auto class
-        return cls.from_config(config, trust_remote_code=False, **kwargs)
-    return cls._from_config(config, **kwargs)
+    with DEFAULT_DTYPE_LOCK:
+        if hasattr(cls, "_model_mapping"):  # the auto class
+            return cls.from_config(config, trust_remote_code=False, **kwargs)
+        return cls._from_config(config, **kwargs)
 

@@ -12,7 +12,7 @@ from safetensors import SafetensorError
 
 from ..devices import DTYPES, TooLarge, require_fits, run_dtype
 from ..weights import read_header, stored_dtype
-from .config import HFConfig, _transformers_version, build_causal_lm, causal_lm_class
+from .config import DEFAULT_DTYPE_LOCK, HFConfig, _transformers_version, build_causal_lm, causal_lm_class
 from .layout import UnsupportedMoE, moe_layout
 from .model import HFModel
 from .quirks import REFUSED
@@ -107,14 +107,15 @@ def load_hf(path: str | os.PathLike, d: dict, *, device: torch.device, dtype: to
             require_fits(sum(p.numel() for p in hf.parameters()), dtype, device, str(path))
         offload = _offload_folder() if device_map is not None else None
         if device.type != "meta":
-            hf, info = causal_lm.from_pretrained(
-                str(path), local_files_only=True, use_safetensors=True,
-                trust_remote_code=False,  # never run the directory's code
-                dtype=dtype, output_loading_info=True,
-                # straight onto the device (no float copy through the CPU first), or spread by accelerate
-                **({"device_map": None if device.type == "cpu" else device} if device_map is None else
-                   {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload.name}),
-                ignore_mismatched_sizes=True)  # refused below, by name
+            with DEFAULT_DTYPE_LOCK:  # torch's default dtype is switched for the build (config.py)
+                hf, info = causal_lm.from_pretrained(
+                    str(path), local_files_only=True, use_safetensors=True,
+                    trust_remote_code=False,  # never run the directory's code
+                    dtype=dtype, output_loading_info=True,
+                    # straight onto the device (no float copy through the CPU first), or spread by accelerate
+                    **({"device_map": None if device.type == "cpu" else device} if device_map is None else
+                       {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload.name}),
+                    ignore_mismatched_sizes=True)  # refused below, by name
             problem = _load_report_problem(info)  # transformers fills a missing tensor with random values
             if problem is not None:
                 hf = None

@@ -235,3 +235,40 @@ def test_the_shipped_run_saturation_equals_a_plain_computation(tmp_path):
         for l, layer in enumerate(rows["layer"]):
             assert rows[rows["layer"] == layer]["overlap_final"].iloc[0] == pytest.approx(
                 _plain_overlap(plain[p.name][l], plain[last][l]), abs=1e-12), (p.name, layer)
+
+
+def test_checkpoints_loaded_in_two_threads_leave_the_default_dtype(tmp_path, tokenizer, monkeypatch):
+    """The Drift view loads checkpoints on a background thread while a session may load another:
+    transformers builds each under `local_torch_dtype(config.dtype)`, torch's default dtype for the whole
+    process. Held open (a sleep inside), two unserialised builds leave it float16 for good; the loads
+    take `hf.config.DEFAULT_DTYPE_LOCK`, so it comes back float32."""
+    import threading
+    import time
+    from contextlib import contextmanager
+
+    import transformers.modeling_utils as MU
+    from routescope.core_models.checkpoint import load_checkpoint
+
+    inner = MU.local_torch_dtype
+
+    @contextmanager
+    def slow(dtype, *args, **kwargs):
+        with inner(dtype, *args, **kwargs):
+            time.sleep(0.2)  # the window another thread's build would fall into
+            yield
+
+    monkeypatch.setattr(MU, "local_torch_dtype", slow)
+    path = save_hf(hf_model("olmoe", tokenizer.get_vocab_size()).half(), tmp_path / "half", tokenizer)
+    assert json.loads((path / "config.json").read_text())["dtype"] == "float16"
+    def loads():
+        for _ in range(3):
+            load_checkpoint(path, device="meta")  # shapes only: the build under float16 alone
+
+    threads = [threading.Thread(target=loads) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    leaked = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)  # a failure here must not spill into the next tests
+    assert leaked == torch.float32

@@ -30,9 +30,15 @@ TEXT = "\n".join(["Once upon a time, there was a little girl named Lily. She lov
 
 @pytest.fixture(autouse=True)
 def _fresh_jobs():
+    """No drift job of an earlier test, and none left running after this one: the view starts one as it
+    opens (on the shipped run), which would go on loading checkpoints beside the next tests."""
     import streamlit as st
 
     st.cache_resource.clear()  # the jobs every session shares, finished ones included
+    yield
+    for job in list(V.jobs()._jobs.values()):
+        job.finished.wait(600)
+    st.cache_resource.clear()
 
 
 @pytest.fixture(scope="module")
