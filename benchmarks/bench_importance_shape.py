@@ -81,11 +81,14 @@ def real_shape(args, rep: C.Report) -> None:
     from routescope.analysis.corpus.shipped import shipped
     from routescope.analysis.reports.importance import scope_of, tokens_of
     from routescope.analysis.reports.importance.estimate import estimate, gradients, layer_estimates
+    from routescope.analysis.reports.importance import measure as M
     from routescope.analysis.reports.importance.measure import _Positions
     from routescope.analysis.reports.importance.plan import batches, drop
     from routescope.core_models.checkpoint import load_checkpoint
 
     _, tok = load_checkpoint(C.CHECKPOINTS / "olmoe-tiny")
+    if args.chunk_logits:  # the effects' chunk of logits (measure.CHUNK_LOGITS), read when a batch's positions are made
+        M.CHUNK_LOGITS = args.chunk_logits
     (model, build) = _cpu(_real_shape_model)
     n_tokens = 300 if args.quick else args.tokens
     per_layer = 2 if args.quick else args.experts
@@ -127,6 +130,13 @@ def real_shape(args, rep: C.Report) -> None:
             for _, x, _ in batches(toks, 8, 0):
                 model(x)
         _, fwd = _cpu(plain)
+    fast = sum(v for k, v in parts.items() if k.startswith("fast"))
+    naive = sum(v for k, v in parts.items() if k.startswith("naive"))
+    m = len(sample)
+    if args.skip_estimate:
+        rep.notes.append(f"CHUNK_LOGITS {M.CHUNK_LOGITS:,}: fast / naive {fast / naive:.3f}x CPU; " + "; ".join(
+            f"{k} {v:.1f} s" for k, v in parts.items()) + f"; one plain forward {fwd:.1f} s")
+        return
     scope = scope_of(model, None, None)
     est, est_cpu = _cpu(lambda: estimate(model, toks, scope, 8))
     split = {"forward + backward": 0.0, "local changes (router reruns, new experts)": 0.0}
@@ -138,9 +148,6 @@ def real_shape(args, rep: C.Report) -> None:
             layer_estimates(model, l, grads[l], scope.options[l], False)
         split["forward + backward"] += c2 - c
         split["local changes (router reruns, new experts)"] += time.process_time() - c2
-    fast = sum(v for k, v in parts.items() if k.startswith("fast"))
-    naive = sum(v for k, v in parts.items() if k.startswith("naive"))
-    m = len(sample)
     t = C.Table(f"Real shape (random OLMoE, hidden 2048, 64 experts, top-8, intermediate 1024, vocabulary 50,304, "
                 f"16 heads, 4 layers, float32): {per_layer} experts of every layer ({m} ablations) over "
                 f"{int(toks.positions.sum() + len(toks.ids)):,} tokens in {len(toks.ids)} rows", ["part", "CPU s"])
@@ -195,6 +202,8 @@ def main() -> None:
     p.add_argument("--skip-shape", action="store_true", help="leave out part 2 (the real shape)")
     p.add_argument("--tokens", type=int, default=2_000, help="part 2: tokens (the issue's 2,000)")
     p.add_argument("--experts", type=int, default=16, help="part 2: experts sampled per layer (the issue's 16)")
+    p.add_argument("--chunk-logits", type=int, help="part 2: measure.CHUNK_LOGITS for this run (a diagnosis)")
+    p.add_argument("--skip-estimate", action="store_true", help="part 2: the exact loops only")
     args = p.parse_args()
     C.setup(args)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
