@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
 CHROMIUM = "/usr/bin/chromium"
@@ -60,6 +61,7 @@ SIZES = {"4experts": {"model": "mixtral-tiny", "other": "mixtral-tiny-b", "drop"
                     "intended": "domain:story=0,math=1"}}
 SHOWN: list[tuple[str, str, str, str]] = []  # (point, size, file, what it shows): INDEX.md's rows
 NOT_APPLICABLE: list[tuple[str, str, str]] = []  # (point, size, why)
+NOTES: list[str] = []  # what a step saw that its shot does not show (printed, and kept in INDEX.md)
 DOWNLOADS: list[tuple[str, str, str, str]] = []  # (size, button, file name, its header or summary rows)
 
 
@@ -187,9 +189,14 @@ def specs(page, text: str) -> None:
 
 def shoot(page, size: str, out: Path, name: str, point: str, what: str, locator=None, top: int = 60) -> None:
     """OUT/size/name.png of the viewport (with `locator`'s top `top` px below the view's top, if given)."""
-    if locator is not None:
-        locator.evaluate("e => e.scrollIntoView({block: 'start'})")
-        page.evaluate(f"() => {{ ({SCROLLER})().scrollTop -= {top}; }}")
+    if locator is not None:  # into view, then wheeled so its top sits `top` px below the view's top
+        locator.scroll_into_view_if_needed()
+        box = locator.bounding_box()
+        if box is not None and abs(box["y"] - top) > 5:
+            page.mouse.move(320, 950)  # the main area's left margin: no chart or box to catch the wheel
+            page.mouse.wheel(0, box["y"] - top)
+            time.sleep(0.8)
+    page.mouse.move(5, 995)  # off the charts: no plotly toolbar or hover label in the picture
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
     time.sleep(0.5)
     path = out / size / f"{name}.png"
@@ -204,8 +211,11 @@ def scroll_until(page, js: str, tries: int = 30) -> None:
         try:
             page.wait_for_function(js, timeout=3_000)
             return
-        except Exception:
+        except PlaywrightTimeout:
             page.evaluate(f"() => {{ ({SCROLLER})().scrollTop += 700; }}")
+    titles = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map(p => JSON.stringify("
+                           "(p.layout || {}).title || null).slice(0, 80))")
+    print(f"  charts on the page: {titles}")
     page.wait_for_function(js, timeout=60_000)
 
 
@@ -235,14 +245,15 @@ def p01_corpus_settings(browser, url, size, out):
     is not listed as uploaded earlier)."""
     page = open_app(browser, url, size)
     corpus(page)
-    number(page, "Tokens per row", 7)
+    routed(page)
+    setting(page, "Tokens per row", 7)
     page.get_by_text("Specialisation settings").first.click()
-    number(page, "Tokens per option", 3)
-    number(page, "Minimum count of a token", 2)
-    box = page.get_by_role("textbox", name="Intended options")
-    box.fill(SIZES[size]["intended"])
-    box.press("Enter")
-    idle(page)
+    setting(page, "Tokens per option", 3)
+    setting(page, "Minimum count of a token", 2)
+    setting(page, "Intended options", SIZES[size]["intended"], role="textbox")
+    shoot(page, size, out, "01_corpus_settings_set", "1",
+          f"the settings as set on the shipped dataset, as the page draws them: {settings_shown(page)}",
+          locator=page.get_by_text("Tokens per row").first, top=200)
     pick_radio(page, "Dataset", "Upload a file")
     uploader(page, "Dataset file").set_input_files(files=[{"name": "bad.csv", "mimeType": "text/plain",
                                                              "buffer": b"words,topic\nhello,story\n"}])
@@ -262,14 +273,14 @@ def p01_corpus_settings(browser, url, size, out):
     page.get_by_text("Specialisation settings").first.click()
     idle(page)
     shoot(page, size, out, "01_corpus_settings_kept", "1",
-          "probes.tsv uploaded next: Tokens per row 7, Tokens per option 3, Minimum count 2 and the intended "
-          "options as set before the refusal")
-    routed = page.get_by_text(re.compile(r"^[\d,]+ rows, [\d,]+ tokens routed")).first
-    routed.wait_for(timeout=600_000)
+          f"probes.tsv uploaded next (set before the refusal: 7, 3, 2 and the intended options); the page draws "
+          f"{settings_shown(page)}")
+    said = page.get_by_text(re.compile(r"^[\d,]+ rows, [\d,]+ tokens routed")).first
+    said.wait_for(timeout=600_000)
     idle(page)
     shoot(page, size, out, "01_corpus_routed_as_set", "1",
-          f"the dataset routed with those settings: '{routed.inner_text().strip()[:120]}' (6 rows of up to 7 "
-          "tokens) and the summary's max_tokens", locator=routed, top=80)
+          f"the dataset routed with those settings: '{said.inner_text().strip()[:120]}' (6 rows of up to 7 "
+          "tokens) and the summary's max_tokens", locator=said, top=80)
     page.context.close()
 
 
@@ -282,13 +293,13 @@ def cancel_run(page, method: str, size, out, stem: str) -> bool:
     cancel = page.get_by_role("button", name="Cancel", exact=True)
     try:
         cancel.wait_for(timeout=30_000)
-    except Exception:
+    except PlaywrightTimeout:
         idle(page)
         return False
     try:
         page.get_by_text(re.compile(r": [1-9][\d,]* of [\d,]+ ")).first.wait_for(timeout=60_000)  # under way
-    except Exception:
-        pass
+    except PlaywrightTimeout:
+        print(f"  {method}: no progress counted within 60 s")
     bar = page.locator("[data-testid='stProgress']").first
     said = bar.inner_text().strip() if bar.count() else ""
     shoot(page, size, out, f"{stem}_progress", "2", f"{method} under way: '{said}', a Cancel button and the line "
@@ -305,11 +316,46 @@ def cancel_run(page, method: str, size, out, stem: str) -> bool:
     return True
 
 
+def routed(page) -> None:
+    """The Corpus view's routing job is done (its progress bar gone and the page idle)."""
+    idle(page)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stProgress\"]')", timeout=600_000)
+    idle(page)
+
+
+def setting(page, label: str, value, role: str = "spinbutton") -> None:
+    """Type a Corpus setting and wait until the dataset is routed with it; say so if the page then draws
+    another value (a value typed while a routing job ends was seen replaced at 128 x 24), and type it again."""
+    for attempt in range(2):
+        box = page.get_by_role(role, name=label, exact=True)
+        box.fill(str(value))
+        box.press("Enter")
+        routed(page)
+        shown = page.get_by_role(role, name=label, exact=True).input_value()
+        if shown == str(value):
+            return
+        line = f"Corpus view: '{label}' typed {value!r} and Enter, the page drew {shown!r} once the routing ended"
+        print(f"  p01: {line}" + (" (typed again)" if attempt == 0 else ""))
+        NOTES.append(line)
+
+
+def settings_shown(page) -> str:
+    """The Corpus settings' values as the browser draws them."""
+    values = []
+    for role, label in (("spinbutton", "Tokens per row"), ("spinbutton", "Tokens per option"),
+                        ("spinbutton", "Minimum count of a token"), ("textbox", "Intended options")):
+        box = page.get_by_role(role, name=label, exact=True)
+        values.append(f"{label} = {box.first.input_value()!r}" if box.count() else f"{label} not drawn")
+    return "; ".join(values)
+
+
 def p02_cancel(browser, url, size, out):
     """2: exact-ablation attribution's Cancel; at 4 experts its 16 options end within the second in which
     the view shows a result at once, so Shapley sampling and integrated gradients (512 steps) show the
     same Cancel; at 128 x 24 also the Experts view's Cancel and time left."""
-    page = open_app(browser, url, size, prompt=SHORT_PROMPT if size == "4experts" else None)
+    # a prompt of this run's own: a finished attribution is kept for every session, and one of an earlier
+    # run of this script on the same server would show at once
+    page = open_app(browser, url, size, prompt=f"{SHORT_PROMPT} Run {int(time.time()) % 100_000}.")
     view(page, "Attribution")
     ready(page, "Predict the token after position")
     idle(page)
@@ -347,14 +393,21 @@ def experts_cancel(page, size, out):
     for label, value in (("Tokens", "200"), ("Control draws", "2")):
         number(page, label, value)
     page.get_by_role("button", name="Measure expert importance").click()
-    page.get_by_text(re.compile("time left")).first.wait_for(timeout=120_000)
+    t0 = time.perf_counter()
+    bar = page.get_by_text(re.compile(r"Dropping experts one at a time: .*, about .* left")).first
+    bar.wait_for(timeout=300_000)
+    shown = time.perf_counter() - t0
     shoot(page, size, out, "02_experts_progress_time_left", "2",
-          "the Experts view's sweep under way: progress with the time left, and Cancel")
+          f"the Experts view's sweep under way: '{bar.inner_text().strip()}' (the time left shown {shown:.1f} s "
+          "after the click, here), and Cancel")
     t0 = time.perf_counter()
     page.get_by_role("button", name="Cancel", exact=True).click()
+    said = page.get_by_text("Sweep cancelled").first
+    said.wait_for(timeout=120_000)
+    took = time.perf_counter() - t0
     idle(page)
     shoot(page, size, out, "02_experts_cancelled", "2",
-          f"the Experts view after Cancel (page idle {time.perf_counter() - t0:.1f} s after the click)")
+          f"the Experts view after Cancel ({took:.1f} s from the click to the line): '{said.inner_text().strip()}'")
 
 
 def p03_toggle(browser, url, size, out):
@@ -523,7 +576,7 @@ def p07_below_top_k(browser, url, size, out):
 
 
 UTIL = ("t => [...document.querySelectorAll('.js-plotly-plot')].find(p => p.offsetParent && "
-        "((p.layout.title || {}).text || '').startsWith(t))")
+        "((p.layout.title || {}).text || '').includes(t))")
 
 
 def p08_utilisation(browser, url, size, out):
@@ -560,10 +613,10 @@ def p09_numbers(browser, url, size, out):
     page.get_by_role("button", name="Attribute").click()  # integrated gradients, the default method
     ready(page, "Convergence delta", timeout=600_000)
     idle(page)
-    verdict = page.get_by_text("Convergence delta").first
+    verdict = page.locator("[data-testid='stCaptionContainer']").filter(has_text="Convergence delta").first
     said = verdict.inner_text().strip()
     shoot(page, size, out, "09_ig_convergence_verdict", "9",
-          f"integrated gradients: '...{said[said.find('Convergence delta'):][:200]}'", locator=verdict, top=300)
+          f"integrated gradients: '...{said[said.find('Convergence delta'):][:200]}'", locator=verdict, top=450)
     pick_radio(page, "Method", "exact ablation (paths)")
     page.get_by_role("button", name="Attribute").click()
     page.locator("[data-testid='stDataFrame']").last.wait_for(timeout=600_000)
@@ -575,6 +628,8 @@ def p09_numbers(browser, url, size, out):
     shoot(page, size, out, "09_path_attribution_units", "9",
           f"exact ablation: chart axis '{axis}' and the table's contribution column in one unit", locator=table,
           top=500)
+    shoot(page, size, out, "09_path_attribution_table", "9", "the same table's first rows (3 significant digits "
+          "in the chart's unit)", locator=table, top=60)
     view(page, "Export")
     idle(page)
     buttons = page.get_by_role("button", name=re.compile(r"\.html$"))
@@ -589,38 +644,34 @@ def p09_numbers(browser, url, size, out):
     page.context.close()
 
 
-OVER_MODELS = {"4experts": ["mixtral-tiny", "papaformer-gumbel-v2", "moep", "papaformer-gumbel-v1", "olmoe-tiny",
-                             "wiola-tiny"], "128x24": ["qwen3-moe-128x24"]}
+# a top-2 layer of 4 options never passes 50% of the slots (overloaded: > 2 x 25%), so no ▲ can come near 100%
+# at 4 experts: papaformer-gumbel-v2 (top-1 over path 0, path 1, combined) with every option but path 0
+# dropped sends all of its slots through path 0; at 128 x 24 top-8 a share stays under 12.5%
+OVER_MODELS = {"4experts": [("papaformer-gumbel-v2", "*:1-2")], "128x24": [("qwen3-moe-128x24", None)]}
 
 
 def p09_over_marker(browser, url, size, out):
-    """9: ▲ over markers near 100% on the Corpus view's utilisation bars (the shipped dataset). A top-2
-    layer's slot share stays under 50%, so at 4 experts the seed checkpoints (one path a token) are tried
-    too; each model whose bars carry a ▲ is shot."""
-    for name in OVER_MODELS[size]:
+    """9: ▲ over markers near 100% on the Corpus view's utilisation bars (the shipped dataset)."""
+    for name, spec in OVER_MODELS[size]:
         page = open_app(browser, url, size, model=name)
+        if spec:
+            specs(page, spec)
+            caption_shows(page, "drop ")  # the caption writes the spec its own way (*:1-2 as *:1,2)
         corpus(page)
-        try:
-            ready(page, "Utilisation, dead and overloaded options", timeout=120_000)
-        except Exception:  # a family without per-token routes (pgpt) has no utilisation
-            print(f"  {name}: no utilisation chart within 120 s")
-            page.context.close()
-            continue
+        ready(page, "Utilisation, dead and overloaded options", timeout=600_000)
         page.wait_for_function(CHARTS_DRAWN, arg=1, timeout=300_000)
         idle(page)
-        flags = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(p => p.data.filter(d "
-                              "=> d.type === 'bar').flatMap(d => Array.from(d.y || []).map((y, i) => "
-                              "[y, (d.text || [])[i]]).filter(t => t[1])))")
+        # _fullData: the traces as drawn, their arrays decoded (data holds plotly's typed-array encoding)
+        flags = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(p => (p._fullData || "
+                              "p.data).filter(d => d.type === 'bar').flatMap(d => Array.from(d.y || []).map((y, i) => "
+                              "[y, (d.text || [])[i]]).filter(t => t[1] && t[1].includes('over'))))")
         top = max((y for y, _ in flags), default=None)
-        print(f"  {name}: {len(flags)} bars with a flag text, highest {top}")
-        if flags or name == OVER_MODELS[size][-1]:
-            heading = page.get_by_text("Utilisation, dead and overloaded options", exact=True).first
-            shoot(page, size, out, f"09_corpus_utilisation_over_markers_{name}", "9",
-                  f"{name}, Corpus view on the shipped dataset: {len(flags)} bars with a ▲ text, the highest at "
-                  f"{top if top is None else f'{top:.1%}'}", locator=heading, top=20)
+        print(f"  {name}: {len(flags)} bars with '▲ over', highest {top}")
+        heading = page.get_by_text("Utilisation, dead and overloaded options", exact=True).first
+        shoot(page, size, out, f"09_corpus_utilisation_over_markers_{name}", "9",
+              f"{name}{f' under drop {spec}' if spec else ''}, Corpus view on the shipped dataset: {len(flags)} bars "
+              f"marked '▲ over', the highest at {'-' if top is None else f'{top:.1%}'}", locator=heading, top=20)
         page.context.close()
-        if flags and top and top > 0.9:
-            break
 
 
 def p09_paths_seed(browser, url, size, out):
@@ -651,13 +702,21 @@ def p10_link(browser, url, size, out):
     specs(page, spec)
     caption_shows(page, f"drop {spec}")
     view(page, "Routing")
+    if size == "128x24":  # a layer other than the first: the link carries the view's layer too
+        boxes = page.locator("[data-testid='stSelectbox']").filter(has=page.get_by_text("Layer", exact=True))
+        next(b for b in boxes.all() if b.is_visible()).locator("div[role='combobox'], input").first.click()
+        page.get_by_role("option", name="5 · model.layers.5.mlp.gate", exact=True).click()
+        idle(page)
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(p => "
+                               "JSON.stringify(p.layout.title || '').includes('model.layers.5.mlp.gate'))",
+                               timeout=120_000)
     page.get_by_role("button", name="Copy link").click()
     code = page.locator("[data-testid='stPopoverBody'] [data-testid='stCode'] code").first
     code.wait_for(timeout=30_000)
     link = code.inner_text().strip()
     shoot(page, size, out, "10_copy_link", "10", f"Copy link's popover: {link[:200]}")
     page.keyboard.press("Escape")
-    before = page.evaluate(GRID_CELLS)
+    before = page.evaluate(GRID_CELLS) or page.evaluate(FIGURES)
     shoot(page, size, out, "10_link_source_page", "10", "the page the link was copied from")
     fresh = browser.new_context(viewport=VIEWPORT)  # no cookies: a new Streamlit session
     other = fresh.new_page()
@@ -666,13 +725,20 @@ def p10_link(browser, url, size, out):
     caption_shows(other, f"drop {spec}")
     other.wait_for_function(MODEL_SHOWN, arg=SIZES[size]["model"], timeout=300_000)
     idle(other)
-    after = other.evaluate(GRID_CELLS)
-    same = "the same route grid cell by cell" if after == before and before else \
-        f"route grids differ ({len(before)} vs {len(after)} rows read)"
+    if size == "128x24":
+        other.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(p => "
+                                "JSON.stringify(p.layout.title || '').includes('model.layers.5.mlp.gate'))",
+                                timeout=120_000)
+        idle(other)
+    after = other.evaluate(GRID_CELLS) or other.evaluate(FIGURES)
+    what = "route grid, cell by cell (text, tooltip, colour)" if size == "4experts" else \
+        "visible figures (each one's title and every trace's type, x, y and z)"
+    same = f"the same {what}" if after == before and before else \
+        f"NOT the same {what} ({len(before)} vs {len(after)} items read)"
     path = urlsplit(link)
     shoot(other, size, out, "10_link_opened_fresh", "10",
-          f"the link opened in a fresh browser context (query {path.query[:160]}): {same} as the page it was "
-          "copied from (each cell's text, tooltip and colour compared)")
+          f"the link opened in a fresh browser context (query {path.query[:200]}): {same} as the page it "
+          "was copied from")
     fresh.close()
     page.context.close()
 
@@ -682,12 +748,18 @@ GRID_CELLS = """() => [...document.querySelectorAll('table.rs-grid tr')].map(tr 
     [...tr.children].map(c => [c.tagName, c.innerText, c.getAttribute('title') || '', c.style.backgroundColor || '']))"""
 
 
+# every visible plotly figure: its title and each trace's type, x, y and z (the 128-expert Routing view draws an
+# expert matrix instead of the HTML route grid)
+FIGURES = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.offsetParent).map(p =>
+    JSON.stringify([(p.layout.title || {}).text || '', p.data.map(d => [d.type, d.x, d.y, d.z])]))"""
+
+
 def p11_docs(browser, url, size, out):
     """11: the MkDocs site built into a temporary folder, a page opened from file://; the README's length."""
     lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
     with tempfile.TemporaryDirectory() as tmp:
         mkdocs = [str(Path(sys.executable).with_name("mkdocs")), "build", "--strict", "-q", "-d", tmp]
-        done = subprocess.run(mkdocs, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(mkdocs, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
         print(f"  mkdocs build --strict: exit {done.returncode} {done.stderr.strip()[-300:]}")
         doc = browser.new_page(viewport=VIEWPORT)
         doc.goto((Path(tmp) / "views" / "index.html").as_uri())
@@ -706,7 +778,19 @@ def p11_docs(browser, url, size, out):
 
 SHOTS = [p01_corpus_settings, p02_cancel, p03_toggle, p04_candidates, p05_comparison, p06_specs, p07_below_top_k,
          p08_utilisation, p09_numbers, p09_paths_seed, p09_over_marker, p10_link, p11_docs]
-NOT_APPLICABLE += [("8 (heatmap)", "4experts", "at 4 options the Routing view draws utilisation as bars per layer "
+NOT_APPLICABLE += [("2 (exact-ablation Cancel)", "4experts",
+                    "mixtral-tiny's 16 options are ablated within the second the Attribution view waits before it "
+                    "shows a progress bar (app/views/attribution.py QUICK_SECONDS), so its result shows at once and no "
+                    "Cancel is offered (02_exact_ablation_done_at_once.png); the same job's Cancel is shot on Shapley "
+                    "sampling (02_shapley_*)"),
+                   ("7 (Drop boxes)", "128x24", "no Drop box per expert at 128 experts: the spec box shows point 7"),
+                   ("9 (▲ near 100%)", "128x24", "top-8 of 128 options: an option takes at most 1/8 of a layer's slots; "
+                    "the Corpus view draws a heatmap with ✕/▲ marks (09_corpus_utilisation_over_markers_*)"),
+                   ("9 (▲ near 100%)", "4experts", "mixtral-tiny is top-2 of 4 (a share stays under 50%): shot on "
+                    "papaformer-gumbel-v2 with path 1 and combined dropped (all slots through path 0)"),
+                   ("9 (path attribution)", "128x24", "pgpt's paths shot in 4experts/ only; the 128x24 table is the "
+                    "MoE's own (3,072 options)"),
+                   ("8 (heatmap)", "4experts", "at 4 options the Routing view draws utilisation as bars per layer "
                     "(rendering/families/topk.py: the heatmap with its dead/overloaded flags is for many options); "
                     "08_utilisation_one_order.png shows those bars"),
                    ("9 (Table 6)", "4experts", "Table 6 is PaPaformer's page; no MoE offers it"),
@@ -735,6 +819,18 @@ def write_index(out: Path, failed: list[str]) -> None:
         lines += ["", "## Point 5: the comparison's downloads", ""] + [
             f"- {size}: `{button}` downloads as `{name}`: `{head}`" for size, button, name, head in dls.values()]
     lines += ["", "## Not applicable", ""] + [f"- {p} at {s}: {why}" for p, s, why in NOT_APPLICABLE]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines += ["", "## Point 7 in the docs", "",
+              f"README.md ({len(readme.splitlines())} lines) states "
+              f"{'it' if 'fewer options' in readme else 'nothing of it itself'}; docs/cli.md (linked from the "
+              "README's table): " + next((ln.strip() for ln in (ROOT / "docs" / "cli.md").read_text(
+                  encoding="utf-8").split("\n\n") if "fewer options than its router" in ln), "(not found)")
+              .replace("\n", " ")]
+    seen = out / "notes.json"
+    notes = list(dict.fromkeys((json.loads(seen.read_text()) if seen.exists() else []) + NOTES))
+    seen.write_text(json.dumps(notes, ensure_ascii=False, indent=0))
+    if notes:
+        lines += ["", "## Seen on the way", ""] + [f"- {n}" for n in notes]
     if failed:
         lines += ["", "## Steps that failed", ""] + [f"- {f}" for f in failed]
     (out / "INDEX.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
