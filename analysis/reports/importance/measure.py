@@ -20,6 +20,8 @@ from routescope.analysis.reports.importance.plan import ImportanceSettings, Scop
 
 
 CHUNK_LOGITS = 2**20  # float32 logits reduced at once (4 MiB: 256 positions of a 4,096 vocabulary; in cache)
+MIN_CHUNK = 256  # positions a chunk takes at least: at a 50,304 vocabulary 2**20 logits were 20 positions, and
+# each chunk reads the whole output embedding (412 MB at OLMoE-1B-7B's shape) again
 
 
 @dataclass
@@ -66,7 +68,7 @@ class _Positions:
         self.p_log_p = (lp * self.p).sum(-1)
         self.log_p = lp.gather(-1, self.target[:, None])[:, 0]
         self.top = z.argmax(-1)
-        self.chunk = max(1, CHUNK_LOGITS // z.shape[-1])
+        self.chunk = max(MIN_CHUNK, CHUNK_LOGITS // z.shape[-1])
         self.head = head
 
     @property
