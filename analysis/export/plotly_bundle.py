@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,7 +37,15 @@ def script_tag() -> str:
     return f'<script type="text/javascript">{plotly_js()}</script>'
 
 
+def plain_text(markup: str) -> str:
+    """Plotly's text markup (a figure's title: <br>, <span style=...>, <b>, entities) as plain text,
+    for a page's <title>: line breaks become " · ", tags go, entities are read."""
+    text = re.sub(r"<br\s*/?>", " · ", markup, flags=re.IGNORECASE)
+    return html.unescape(re.sub(r"<[^>]*>", "", text)).strip()
+
+
 def figure_page(fig, title: str = "") -> str:
-    """A standalone offline page of one plotly figure."""
-    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>{script_tag()}'
+    """A standalone offline page of one plotly figure; `title`: plotly markup (the figure's own title),
+    shown as plain text in the page's <title>."""
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(plain_text(title))}</title>{script_tag()}'
             f'</head><body>{fig.to_html(full_html=False, include_plotlyjs=False)}</body></html>')

@@ -249,8 +249,43 @@ def test_offline_pages_carry_plotlys_cartesian_bundle_of_the_version_plotly_draw
         assert js == get_plotlyjs()
     import plotly.graph_objects as go
 
-    page = P.figure_page(go.Figure(go.Heatmap(z=[[0, 1]])), "t<i>")
-    assert page.count(js[:300]) == 1 and "<title>t&lt;i&gt;</title>" in page
+    page = P.figure_page(go.Figure(go.Heatmap(z=[[0, 1]])), "t &lt;i&gt;")
+    assert page.count(js[:300]) == 1 and "<title>t &lt;i&gt;</title>" in page
+
+
+def test_an_exported_figure_page_titles_itself_in_plain_text():
+    """Issue 41 item 9: the Export view's figure pages had plotly's title markup (<br><span ...>) in their
+    <title>; the browser's tab showed it. Here a run's exported figure, read back by an HTML parser."""
+    from html.parser import HTMLParser
+
+    from routescope.app.views.export import figure_html
+    from routescope.rendering.style import titled_for_export
+
+    model, tok = load_checkpoint(CHECKPOINTS / "mixtral-tiny")
+    run = run_prompt(model, tok, "Once upon a time", settings=RunSettings(max_new_tokens=2))
+    figs, _ = D.draw_run(run, model)
+    figs = {n: titled_for_export(f, "mixtral-tiny", run.ablation.describe()) for n, f in figs.items()}  # as exported
+    assert any("<br>" in str(f.layout.title.text) for f in figs.values())  # markup there to strip
+
+    class Title(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.inside, self.text = False, ""
+
+        def handle_starttag(self, tag, attrs):
+            self.inside = tag == "title"
+
+        def handle_endtag(self, tag):
+            self.inside = False
+
+        def handle_data(self, data):
+            self.text += data if self.inside else ""
+
+    for fig in figs.values():
+        parser = Title()
+        parser.feed(figure_html(fig)[:4000])  # the head: <title> comes before plotly.js
+        assert parser.text and "<" not in parser.text and "span" not in parser.text, parser.text
+        assert "ablation: none" in parser.text and " · " in parser.text
 
 
 def _micro_effects(scale: float, n: int = 12, seed: int = 0):
