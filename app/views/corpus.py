@@ -74,16 +74,22 @@ def _uploaded() -> D.CorpusData | None:
     drawn_before = K.CORPUS_UPLOAD in ss  # False right after another view: the uploader starts empty again
     f = st.file_uploader("Dataset file", key=K.CORPUS_UPLOAD, help=LIMITS)
     if f is not None:
+        ss[seen] = f.file_id
+        try:
+            data = CR.uploaded(f.name, f.file_id, f.getvalue())
+        except ValueError:  # refused (said by the caller): it replaces the previous file, and is never kept
+            ss.pop(K.CORPUS_UPLOADED, None)  # to be offered as "uploaded earlier" after a view switch
+            raise
         ss[K.CORPUS_UPLOADED] = (f.name, f.file_id, f.getvalue())
-    elif drawn_before and ss.get(seen) is not None:  # the file was removed from the uploader
+        return data
+    if drawn_before and ss.get(seen) is not None:  # the file was removed from the uploader
         ss.pop(K.CORPUS_UPLOADED, None)
-    ss[seen] = f.file_id if f is not None else None
+    ss[seen] = None
     kept = ss.get(K.CORPUS_UPLOADED)
     if kept is None:
         st.info("Upload a dataset file to route it. " + LIMITS)
         return None
-    if f is None:
-        st.caption(f"Routing **{kept[0]}**, uploaded earlier in this session (upload another file to replace it).")
+    st.caption(f"Routing **{kept[0]}**, uploaded earlier in this session (upload another file to replace it).")
     return CR.uploaded(*kept)
 
 

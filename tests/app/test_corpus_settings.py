@@ -33,8 +33,11 @@ def test_settings_survive_a_refused_upload_and_a_view_switch():
     assert [e.value for e in at.error][0].startswith("Dataset refused: bad.csv")
     assert not drawn(at)  # the settings are gone from the page for this run
     at.segmented_control(key=K.VIEW).set_value("Routing").run()
-    at.segmented_control(key=K.VIEW).set_value("Corpus").run()  # the refused file again: still not drawn
+    at.segmented_control(key=K.VIEW).set_value("Corpus").run()  # the uploader empty again: still not drawn
     assert not drawn(at)
+    # a refused file is never kept as "uploaded earlier" (it was, and was refused again under that caption)
+    assert not any("uploaded earlier" in c.value for c in at.caption) and not at.error
+    assert any(i.value.startswith("Upload a dataset file") for i in at.info)
     at.file_uploader(key=K.CORPUS_UPLOAD).set_value(("probes.tsv", TSV, "text/plain")).run()
     for key, value in SETTINGS.items():
         box = at.number_input(key=key)
