@@ -60,13 +60,16 @@ def show(run: Run, d: Drawn, layer_key: str | None = None, on_layer: Callable[..
     elif any(isinstance(fig, go.Figure) and ST.has_divider(fig) for fig in d.figures.values()):
         st.caption(CHARTS_LEGEND + " " + ST.DIVIDER_LEGEND)
     drawn_figs = [f for f in d.figures.values() if isinstance(f, go.Figure)]
+    layered = [n for n, f in d.figures.items() if isinstance(f, D.PerLayer)]
     for name, fig in d.figures.items():
-        if isinstance(fig, D.PerLayer):
-            key = layer_key or f"layer_{name}"
+        if isinstance(fig, D.PerLayer):  # the first follows `layer_key`; any other has a picker of its own
+            key = layer_key if layer_key and name == layered[0] else f"layer_{name}"
             if st.session_state.get(key) not in fig.layers:
                 st.session_state[key] = fig.layers[0]
             order = {l: i for i, l in enumerate(fig.layers)}
-            layer = st.selectbox("Layer", fig.layers, key=key, on_change=on_layer, args=on_layer_args,
+            follows = key == layer_key
+            layer = st.selectbox("Layer", fig.layers, key=key, on_change=on_layer if follows else None,
+                                 args=on_layer_args if follows else None,
                                  format_func=lambda l: f"{order[l]} · {l}",
                                  help="The layer this figure shows (the Export view's page has every layer)")
             fig = D.layer_figure(fig, layer, drawn_figs, d.meta)
