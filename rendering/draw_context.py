@@ -14,7 +14,6 @@ from routescope.analysis.runs.views import View
 from routescope.rendering import route_heatmaps as RH
 
 
-
 @dataclass(frozen=True)
 class PerLayer:
     """A figure with one panel per routing layer, drawn whole (every layer behind a dropdown: an
