@@ -121,6 +121,13 @@ def many_prompts(tmp_path_factory) -> Path:
     return f
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT at its default, as a terminal's Ctrl-C finds it. A suite started
+    in the background of a non-interactive shell (`cmd &`) ignores SIGINT, children inherit that, and
+    Python then leaves it ignored: the export ran to its end and exited 0."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupted_export(tmp_path: Path, prompts: Path, sig: int) -> tuple[int, str, str]:
     """Start an export into a directory holding an older routes.csv, send `sig` once it writes its
     temporaries, and return (exit status, stdout, stderr)."""
@@ -128,7 +135,8 @@ def _interrupted_export(tmp_path: Path, prompts: Path, sig: int) -> tuple[int, s
     argv = CLI + ["export", str(CK), "--prompts", str(prompts), "--out", "routes.csv", "--out", "routes.parquet",
                   "--quiet", "--batch-size", "4"]
     with (tmp_path / ".err").open("wb") as e, \
-            running(argv, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e) as proc:
+            running(argv, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=e,
+                    preexec_fn=_default_sigint) as proc:
         deadline = time.monotonic() + DEADLINE
         while len(hidden(tmp_path)) < 2:
             assert proc.poll() is None, "the export ended before it was interrupted"
