@@ -8,9 +8,10 @@
    intermediate 1024, vocabulary 50,304, 16 heads), 4 layers, float32, over 2,000 validation tokens
    (olmoe-tiny's tokenizer), 16 seeded experts per layer (64 ablations):
    - the exact sweep's loop as `measure.measure_batch` runs it on a CPU (one ablation per forward),
-     prefix reuse ("fast": capture, then per ablation `resume` from its layer + the output
-     embedding and effects at predicted positions) against the naive loop (per ablation one full
-     forward + effects), each part timed;
+     prefix reuse ("fast": capture, each layer's experts outputs once, then per ablation `resume`
+     from its layer, that layer's experts call answered from them, + the output embedding and
+     effects at predicted positions) against the naive loop (per ablation one full forward +
+     effects), each part timed;
    - all 256 first-order estimates (`estimate.estimate`) against one plain forward over the same
      tokens (forward-equivalents) and against one exact ablation (its mean fast and naive time).
 Process CPU seconds (1 torch thread), one run: ratios measured in one process, never asserted.
@@ -96,7 +97,8 @@ def real_shape(args, rep: C.Report) -> None:
     rng = np.random.default_rng(0)
     layers = list(model.routing_layers())
     sample = [(l, int(o)) for l in layers for o in sorted(rng.choice(64, per_layer, replace=False))]
-    parts = {k: 0.0 for k in ("fast capture", "fast resume (layers)", "fast head + effects",
+    parts = {k: 0.0 for k in ("fast capture", "fast experts outputs (once a layer)", "fast resume (layers)",
+                              "fast head + effects",
                               "naive plain forward + positions", "naive full forwards", "naive effects")}
     checks = []
     with torch.inference_mode():
@@ -105,15 +107,19 @@ def real_shape(args, rep: C.Report) -> None:
             prefix = model.capture(x)
             pos = _Positions(prefix.logits, x, lengths, head=model.output_embedding)
             parts["fast capture"] += time.process_time() - c
-            fast_d = []
+            fast_d, slots = [], {}
             for l, o in sample:
+                if l not in slots:  # measure_batch's `reuse`: the layer's experts outputs once a batch
+                    c = time.process_time()
+                    slots = {l: model.expert_outputs(prefix, l)}
+                    parts["fast experts outputs (once a layer)"] += time.process_time() - c
                 c = time.process_time()
-                hidden = model.resume(prefix, l, [drop((l, o))] * x.shape[0], head=False)
+                hidden = model.resume(prefix, l, [drop((l, o))] * x.shape[0], head=False, expert_outputs=slots[l])
                 c2 = time.process_time()
                 fast_d.append(pos.effects_of_hidden(hidden)[0])
                 parts["fast resume (layers)"] += c2 - c
                 parts["fast head + effects"] += time.process_time() - c2
-            del prefix, pos, hidden
+            del prefix, pos, hidden, slots
             c = time.process_time()
             pos = _Positions(model(x).logits, x, lengths)
             parts["naive plain forward + positions"] += time.process_time() - c

@@ -132,6 +132,9 @@ class Prefix:
 _CAPTURE: ContextVar[Prefix | None] = ContextVar("routescope_hf_capture", default=None)
 # (model, decoder index, output): that decoder layer's attention returns the output instead of computing it
 _REUSE_ATTENTION: ContextVar[tuple | None] = ContextVar("routescope_hf_reuse_attention", default=None)
+# (model, routing layer, captured top-k index [N, k], its per-slot outputs [N, k, d]): that layer's experts call
+# is answered from them (`resume.recombine`), computing only the (token, expert) pairs an ablation brings in
+_REUSE_EXPERTS: ContextVar[tuple | None] = ContextVar("routescope_hf_reuse_experts", default=None)
 
 
 class Wrapped(functools.partial):

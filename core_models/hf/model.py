@@ -13,12 +13,12 @@ from ..sites import INDICES, LOGITS, PROBS, WEIGHTS, Site, site_name
 from ..specs import AblationError
 from ..trace import Trace, active_trace
 from .config import HFConfig, build_causal_lm
-from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _InsideRouter, _site, _unwrap,
-                         _wrap)
+from .instrument import (_BATCH, _CAPTURE, _NONE, _REUSE_ATTENTION, _REUSE_EXPERTS, _InsideRouter, _site,
+                         _unwrap, _wrap)
 from .layout import HFRoutingLayer, _decoder_stack, _resolve, moe_layout, router_weights
 from .prune import PruneMixin
 from .quirks import EXPERTS_CALL, quirk
-from .resume import ResumeMixin
+from .resume import ResumeMixin, recombine
 
 SHARED_OUTPUT = "shared_output"  # the role of a shared expert's output
 LOAD_BALANCE = "load_balance"  # the auxiliary loss term transformers computes with output_router_logits
@@ -176,6 +176,9 @@ class HFModel(ResumeMixin, PruneMixin, RouteScopeLM):
             roles = self.routing_modules[name].roles
             self._visit(tr, roles[INDICES], got[1])
             self._visit(tr, roles[WEIGHTS], got[2])
+        reuse = _REUSE_EXPERTS.get()
+        if reuse is not None and reuse[0] is self and reuse[1] == name:
+            return recombine(inner, reuse[2], reuse[3], *got)
         return inner(*args, **kwargs)
 
     def _visit(self, tr: Trace, site: str, x: Any) -> None:

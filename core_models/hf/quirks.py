@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 LOGITS, PROBS, SCORES = "logits", "probs", "scores"  # SCORES: [tokens, n] weights, 0 where not chosen
 SLOTS, GATES = "sorted slots", "sorted gates"  # JetMoE: token-major top-k slots sorted by expert, their weights
 EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")  # what every block passes its experts
+ONE_SLOT = "one slot"  # an experts call with one expert per token (top_k_index [tokens, 1]), for per-expert outputs
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ QUIRKS: dict[str, Quirk] = {q.model_type: q for q in [
           "computation experts past the routed ones", choice_bias="router.e_score_correction_bias",
           expert_count="n_routed_experts",
           unavailable=(("prune", "its router's logits also cover zero_expert_num zero-computation experts, which "
-                                 "pruning by n_routed_experts would not slice"),)),
+                                 "pruning by n_routed_experts would not slice"),
+                       (ONE_SLOT, "its experts call squeezes the slot axis, so a call with one expert per token "
+                                  "fails (transformers 5.23)"))),
     Quirk("gemma4_text", "Gemma-4: the router normalises its input, projects (`proj`), and returns the softmax "
           "probabilities, not the logits; experts per token in config.top_k_experts",
           output=("probs", "weights", "indices"), top_k="config.top_k_experts"),

@@ -10,7 +10,10 @@ from torch import nn
 from ..ablation import Ablation
 from ..run_state import RunState, running
 from ..specs import ALL_LAYERS
-from .instrument import _BATCH, _CAPTURE, _REUSE_ATTENTION, Prefix
+from .instrument import _BATCH, _CAPTURE, _REUSE_ATTENTION, _REUSE_EXPERTS, Prefix
+from .quirks import ONE_SLOT
+
+SLOT_CHUNK = 2**24  # values of repeated experts input per call of `slot_outputs` (64 MiB in float32)
 
 
 class ResumeMixin:
@@ -39,7 +42,7 @@ class ResumeMixin:
         return cap
 
     def resume(self, prefix: Prefix, layer: str, row_ablations: list[Ablation] | tuple, *,
-               head: bool = True) -> torch.Tensor:
+               head: bool = True, expert_outputs: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [len(row_ablations), pos, vocab] (float32) of the captured batch repeated
         len(row_ablations) / prefix.rows times, block j of rows under ablations j * rows ..., run from
         the decoder layer of routing layer `layer` on with transformers' own decoder layers, final norm
@@ -47,7 +50,11 @@ class ResumeMixin:
         layer's attention, computed before its experts (`Prefix.attention`), is not computed again:
         its captured output is returned by the attention's wrapped forward (`_attention_forward`). `head=False`:
         the final norm's output [len(row_ablations), pos, hidden] instead (`output_embedding`'s input),
-        for a caller that needs the logits of some positions only, or a chunk at a time."""
+        for a caller that needs the logits of some positions only, or a chunk at a time. `expert_outputs`:
+        `layer`'s per-slot expert outputs of the captured batch (`expert_outputs(prefix, layer)`, [rows,
+        pos, k, hidden]): its experts call is then answered from them (`recombine`), running only the
+        experts an ablation brings in: a dropped expert's tokens (1/8 of them at 64 experts, top-8) take
+        their next choice, and only that (token, expert) pair is new."""
         start, R = self._decoder_of[layer], prefix.rows
         if len(row_ablations) % R or not row_ablations:
             raise ValueError(f"resume: {len(row_ablations)} row ablations for {R} captured rows")
@@ -64,6 +71,11 @@ class ResumeMixin:
         state = RunState(row_ablations=tuple(row_ablations))
         reuse = (self, start, _repeat_rows(prefix.attention[start], R, m, copies)) \
             if start in prefix.attention else None
+        experts = None
+        if expert_outputs is not None:
+            _, idx0, _ = prefix.experts[layer]
+            k = idx0.shape[-1]
+            experts = (self, layer, idx0.reshape(-1, k), expert_outputs.reshape(-1, k, expert_outputs.shape[-1]))
         with running(state):
             token = _BATCH.set(len(row_ablations))
             try:
@@ -72,15 +84,24 @@ class ResumeMixin:
                     if h is not None:
                         args, kwargs = _with_hidden(args, kwargs, h)
                     reusing = _REUSE_ATTENTION.set(reuse if i == start else None)
+                    recombining = _REUSE_EXPERTS.set(experts if i == start else None)
                     try:
                         out = stack[i](*args, **kwargs)
                     finally:
+                        _REUSE_EXPERTS.reset(recombining)
                         _REUSE_ATTENTION.reset(reusing)
                     h = out[0] if isinstance(out, (tuple, list)) else out
                 hidden = self.hf.get_submodule(self._tail[0])(h)
             finally:
                 _BATCH.reset(token)
         return self.output_embedding(hidden).float() if head else hidden
+
+    def can_recombine(self, layer: str) -> bool:
+        """Whether `resume` can answer `layer`'s experts call from its captured per-slot outputs: its
+        experts are one module called as experts(hidden_states, top_k_index, top_k_weights)."""
+        block = self.routing_modules[layer].block
+        return self._stack is not None and block.experts is not None and not block.routes_at_router \
+            and self.quirk.reason(ONE_SLOT) is None
 
     @property
     def output_embedding(self) -> nn.Module:
@@ -90,7 +111,7 @@ class ResumeMixin:
     def expert_outputs(self, prefix: Prefix, layer: str) -> torch.Tensor:
         """[rows, pos, k, hidden]: at `layer`, each selected expert's own output (unweighted) for every
         token of the captured batch, from transformers' experts module called on the captured input
-        with that slot's weight 1 and the others 0."""
+        (`slot_outputs`)."""
         hidden, idx, w = prefix.experts[layer]
         block = self.routing_modules[layer].block
         if block.experts is None:
@@ -103,7 +124,10 @@ class ResumeMixin:
             tokens = torch.arange(flat.shape[0], device=idx.device)[:, None]
             out = every[idx.reshape(flat.shape[0], -1), tokens]  # [tokens, k, hidden]
             return out.reshape(prefix.rows, -1, idx.shape[-1], out.shape[-1])
-        outs = []
+        if self.quirk.reason(ONE_SLOT) is None:
+            out = slot_outputs(experts, hidden, idx, w.dtype)
+            return out.reshape(prefix.rows, -1, *out.shape[1:])
+        outs = []  # one call per slot, the others weighted 0: every expert a token chose runs k times
         for slot in range(idx.shape[-1]):
             one = torch.zeros_like(w)
             one[..., slot] = 1
@@ -145,3 +169,42 @@ def _with_hidden(args: tuple, kwargs: dict, h: torch.Tensor) -> tuple[tuple, dic
         return (h, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": h}
 
+
+
+def slot_outputs(experts: nn.Module, hidden: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[N, k, hidden]: each of N tokens' k selected experts' own outputs (weight 1), from transformers'
+    experts module called with every token repeated once per slot, one expert each: the work of one
+    MoE forward (each expert runs on the tokens that chose it), not k of them (one call per slot, the
+    others weighted 0, ran every expert a token chose k times). `SLOT_CHUNK` values of input at a time."""
+    d = hidden.shape[-1]
+    h, i = hidden.reshape(-1, d), idx.reshape(-1, idx.shape[-1])
+    k = i.shape[-1]
+    per, outs = max(1, SLOT_CHUNK // (k * d)), []
+    for s in range(0, h.shape[0], per):
+        js = i[s:s + per].reshape(-1, 1)
+        one = torch.ones(js.shape, dtype=dtype, device=js.device)
+        outs.append(experts(h[s:s + per].repeat_interleave(k, 0), js, one).reshape(-1, k, d))
+    return torch.cat(outs) if outs else h.new_zeros(0, k, d)
+
+
+def recombine(inner: Any, idx0: torch.Tensor, out0: torch.Tensor, hidden: torch.Tensor, idx: torch.Tensor,
+              w: torch.Tensor) -> torch.Tensor:
+    """experts(hidden, idx, w) (`inner`: the module's own forward) as the weighted sum it is,
+    sum_s w_s E_{idx_s}(h), from the captured batch's per-slot outputs `out0` [N, k, d] of its routes
+    `idx0` [N, k]: token t of `hidden` [m * N, d] (the captured batch repeated m times) is captured
+    token t mod N. Only pairs the captured routes lack run (one experts call, one slot each). Equal to
+    the experts call to float rounding (another summation order, other matmul shapes): a model whose
+    experts call is not that sum fails the sweep's check (`importance.measure.reuse_reproduces`)."""
+    d = hidden.shape[-1]
+    h = hidden.reshape(-1, d)
+    M, n0 = h.shape[0], idx0.shape[0]
+    i, wt = idx.reshape(M, -1), w.reshape(M, -1)
+    t0 = torch.arange(M, device=h.device) % n0
+    same = i[:, :, None] == idx0[t0][:, None, :]  # [M, k', k]: slot s' of t is slot s of its captured token
+    vals = out0[t0[:, None], same.to(torch.uint8).argmax(-1)]  # [M, k', d]
+    new = (~same.any(-1)).nonzero()
+    if len(new):
+        t, s = new.unbind(-1)
+        one = torch.ones(len(t), 1, dtype=wt.dtype, device=h.device)
+        vals[t, s] = inner(h[t], i[t, s][:, None], one).reshape(len(t), d).to(vals.dtype)
+    return (vals * wt[..., None].to(vals.dtype)).sum(1).to(hidden.dtype).reshape(hidden.shape)

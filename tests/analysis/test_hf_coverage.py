@@ -215,6 +215,7 @@ class Zoo:
                 found["blocks"] = len(experts_inputs(row["plain"], IDS)[0])
             if row["status"] == "opened":
                 found["resumed"] = self._outcome(resumed, model_type, row["model"])
+                found["recombined"] = self._outcome(recombined, model_type, row["model"])
             self.found[model_type] = found  # the models go with `row`
         return self.found[model_type]
 
@@ -414,6 +415,22 @@ def test_a_forward_restarted_at_each_routing_layer_equals_the_whole_ablated_forw
     assert {"beam", "hy_v4"} & set(TYPES) <= set(naive), naive
 
 
+@pytest.mark.slow  # every type of the zoo
+def test_the_ablated_layer_answered_from_captured_expert_outputs_equals_the_whole_forward(zoo):
+    """The sweep's `reuse` on every opened type (`recombined`): where its check accepts a type, each
+    recombined layer equals the whole ablated forward; most types that restart recombine."""
+    got: dict[str, list] = {"recombined": [], "refused": [], None: []}
+    for t in sorted(TYPES):
+        ok, r = zoo.check(t).get("recombined", (True, None))
+        if not ok:
+            raise r
+        got[r].append(t)
+    restarted = [t for t in TYPES if zoo.check(t).get("resumed", (True, None))[1] in ("restarted", "reused")]
+    assert len(got["recombined"]) >= len(restarted) * 3 // 4, got
+    print(f"recombined {len(got['recombined'])} of {len(restarted)} restarted types; refused by the check: "
+          f"{got['refused']}; none: {got[None]}")
+
+
 def resumed(model_type: str, model) -> str | None:
     """The prefix-reuse check of the test above on one opened type: None where the model cannot
     restart, "naive" where the sweep's self-check fails, else "restarted" or "reused" (its attention
@@ -436,3 +453,31 @@ def resumed(model_type: str, model) -> str | None:
             got = model.resume(prefix, layer, [ab] * len(x))
             assert_close_to_scale(got, want, FORWARD_EPS, msg=f"{model_type} {layer}")
     return "reused" if prefix.attention else "restarted"
+
+
+def recombined(model_type: str, model) -> str | None:
+    """A restarted forward whose ablated layer's experts call is answered from the captured experts
+    outputs (`resume(..., expert_outputs=...)`, as the sweep's `reuse` runs it), against the whole
+    forward under that ablation: "recombined" where every layer that `can_recombine` agrees, "refused"
+    where the sweep's own check (`reuse_reproduces`) refuses the model; None where it cannot restart
+    or no layer can recombine. An AssertionError where a layer differs and the check accepted it."""
+    from routescope.analysis.reports.importance import restart_reproduces, reuse_reproduces
+
+    x = torch.tensor(IDS * 2)
+    if not model.can_resume or not restart_reproduces(model, x):
+        return None
+    if not reuse_reproduces(model, x):
+        return "refused" if any(model.can_recombine(l) for l in model.routing_layers()) else None
+    with torch.inference_mode():
+        prefix = model.capture(x)
+        for layer in model.routing_layers():
+            ab = Ablation(drop=((layer, 1),))  # the check dropped expert 0
+            if not model.can_recombine(layer):
+                continue
+            try:
+                want = model(x, ablation=ab).logits
+            except AblationError:
+                continue
+            got = model.resume(prefix, layer, [ab] * len(x), expert_outputs=model.expert_outputs(prefix, layer))
+            assert_close_to_scale(got, want, FORWARD_EPS, msg=f"{model_type} {layer} recombined")
+    return "recombined"

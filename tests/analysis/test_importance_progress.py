@@ -53,3 +53,25 @@ def test_progress_after_every_forward(name, sweep):
     assert steps[0] / steps[-1] == pytest.approx(want, rel=1e-9)
     plain = importance(model, tok, data, settings)
     assert np.array_equal(result["importance"]["delta_nll"], plain["importance"]["delta_nll"])
+
+
+def test_progress_goes_on_while_merging_and_ends_at_the_total():
+    """--merge: the similarity pass over the ranking rows, the pruned and each merged model's pass over
+    the held-out rows are reported too (the reports before merging stop at the pruning's end)."""
+    model, tok = load_checkpoint(CK / "olmoe-tiny")
+    texts = [f"{t} ({i})" for i in range(5) for t in TEXTS]  # 25 rows: enough to hold out
+    data = D.rows_corpus("t", [D.CorpusRow(str(i), t, ()) for i, t in enumerate(texts)], [])
+    s = ImportanceSettings(batch_size=4, control_draws=0, prune_draws=0, prune_max=1, merge_max=2, method="exact",
+                           options=tuple(range(model.routing_modules[next(iter(model.routing_layers()))].n_experts)),
+                           bootstrap=10)
+    reports: list = []
+    result = importance(model, tok, data, s, progress=lambda d, t: reports.append((d, t)))
+    assert "merge_curve" in result.tables
+    held, ranking = result.provenance["holdout"]["heldout_rows"], result.provenance["holdout"]["ranking_rows"]
+    done, total = [d for d, _ in reports], reports[-1][1]
+    assert all(t == total for _, t in reports) and np.all(np.diff(done) >= 0) and done[-1] == total
+    merging = result.provenance["rows"] + held  # the sweep's pass over every row, the pruning's over the held-out
+    assert total == merging + ranking + held * (1 + s.merge_max)
+    after = sorted({d for d in done if d > merging})
+    # the similarity pass (one report a batch of ranking rows), then 1 + merge_max passes over the held-out rows
+    assert len(after) >= -(-ranking // s.batch_size) + 1 + s.merge_max

@@ -29,10 +29,10 @@ draws, pruning orders), `measure` (effects of ablations on a batch; the proxies)
 rows kept so a rerun resumes), `ray_workers` (batches on Ray actors) and `sweep` (the whole sweep and
 its tables). The public API is here: `importance`, `ImportanceSettings`, `ImportanceResult`.
 """
-from routescope.analysis.reports.importance.measure import restart_reproduces
+from routescope.analysis.reports.importance.measure import restart_reproduces, reuse_reproduces
 from routescope.analysis.reports.importance.plan import (ImportanceResult, ImportanceSettings, pruning_ablation, ranked,
                                                          scope_of, tokens_of)
 from routescope.analysis.reports.importance.sweep import dataset_loss, importance, outside_control
 
 __all__ = ["ImportanceResult", "ImportanceSettings", "dataset_loss", "importance", "outside_control",
-           "pruning_ablation", "ranked", "restart_reproduces", "scope_of", "tokens_of"]
+           "pruning_ablation", "ranked", "restart_reproduces", "reuse_reproduces", "scope_of", "tokens_of"]

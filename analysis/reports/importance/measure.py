@@ -121,13 +121,16 @@ def _first_layer(model: Any, ab: Ablation) -> str:
 def measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations: Sequence[Ablation],
                    settings: ImportanceSettings, fast: bool, stop: Callable[[], bool] | None,
                    on_prefix: Callable[[Any, Any], None] | None = None,
-                   tick: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, list]:
+                   tick: Callable[[int, int], None] | None = None, reuse: bool = False) -> tuple[np.ndarray, list]:
     """(unablated NLL per row, [(d_nll, kl, flips) per row for each ablation]) of one batch.
     `tick(work done, work of the batch)` after each ablated forward: a batch of a 128 x 24 model is
     3,072 forwards (78 s on a CPU), too long to wait for a first progress report. Work is counted in
     routing layers resumed plus one for the head, as a resumed forward costs: on that model (4 rows,
     shared CPU) a least-squares fit of each layer's median forward gave 5.5 ms a layer and 6.7 ms
-    for the head; counted in forwards, the time left read 1.5x too long after 10 s."""
+    for the head; counted in forwards, the time left read 1.5x too long after 10 s. `reuse` (prefix
+    reuse only; `reuse_reproduces` said yes): each layer's experts outputs are computed once per batch
+    (`HFModel.expert_outputs`) and a resumed forward's ablated layer runs only the experts its
+    ablation brings in (`HFModel.resume`'s `expert_outputs`)."""
     x = x.to(model.device)
     R = x.shape[0]
     prefix = model.capture(x) if model.can_resume else None
@@ -151,11 +154,13 @@ def measure_batch(model: Any, x: torch.Tensor, lengths: torch.Tensor, ablations:
         cost = {layer: len(order) - order.index(layer) + 1 for layer in groups}  # layers resumed + the head
         work, k = sum(-(-len(js) // per) * cost[layer] for layer, js in groups.items()), 0
         for layer, js in groups.items():
+            slots = model.expert_outputs(prefix, layer) if reuse and model.can_recombine(layer) else None
             for s in range(0, len(js), per):
                 if stop is not None and stop():
                     raise Stopped()
                 part = js[s:s + per]
-                hidden = model.resume(prefix, layer, [ablations[j] for j in part for _ in range(R)], head=False)
+                hidden = model.resume(prefix, layer, [ablations[j] for j in part for _ in range(R)], head=False,
+                                      expert_outputs=slots)
                 for i, j in enumerate(part):
                     out[j] = pos.effects_of_hidden(hidden[i * R:(i + 1) * R])
                 k += cost[layer]
@@ -244,6 +249,38 @@ def resume_agrees(model: Any, tokens: Tokens, settings: ImportanceSettings) -> b
     """`restart_reproduces` on the sweep's first batch."""
     rows, x, _ = batches(tokens, settings.batch_size, max(0, int(getattr(model.config, "pad_id", 0))))[0]
     return restart_reproduces(model, x)
+
+
+def reuse_agrees(model: Any, tokens: Tokens, settings: ImportanceSettings) -> bool:
+    """`reuse_reproduces` on the first row of the sweep's first batch."""
+    rows, x, _ = batches(tokens, settings.batch_size, max(0, int(getattr(model.config, "pad_id", 0))))[0]
+    return reuse_reproduces(model, x[:1])
+
+
+def reuse_reproduces(model: Any, x: torch.Tensor) -> bool:
+    """Whether a resumed forward whose ablated layer is answered from the captured experts outputs
+    (`measure_batch`'s `reuse`) equals one that runs that layer's experts, within `RESTART_EPS` float32
+    eps of the logits' scale, on `x`, expert 0 dropped at each routing layer that `can_recombine` (an
+    experts call that is not a weighted sum of per-expert outputs fails). False where no layer can."""
+    checked = False
+    with torch.inference_mode():
+        x = x.to(model.device)
+        prefix = model.capture(x)
+        for layer in model.routing_layers():
+            ab = Ablation(drop=((layer, 0),))
+            if not model.can_recombine(layer):
+                continue
+            try:
+                model._check_ablation(ab)
+            except ValueError:
+                continue
+            want = model.resume(prefix, layer, [ab] * x.shape[0])
+            got = model.resume(prefix, layer, [ab] * x.shape[0], expert_outputs=model.expert_outputs(prefix, layer))
+            scale = max(float(want.abs().max()), torch.finfo(torch.float32).tiny)
+            if not bool(((got - want).abs() <= RESTART_EPS * torch.finfo(torch.float32).eps * scale).all()):
+                return False
+            checked = True
+    return checked
 
 
 RESTART_EPS = 128  # float32 eps of the logits' scale: a restarted forward repeats the plain forward's ops on

@@ -48,17 +48,18 @@ def merge_problem(model: Any, n: int) -> str | None:
 
 
 def merge_stats(model: Any, tokens: Tokens, settings: ImportanceSettings,
-                stop: Callable[[], bool] | None = None) -> MergeStats:
+                stop: Callable[[], bool] | None = None, progress: Callable[[int], None] | None = None) -> MergeStats:
     """Usage and output similarity of every expert pair per layer over `tokens` (unablated forwards of
-    batches, each layer's experts run on its captured input); `stop()` True ends with `Stopped`."""
+    batches, each layer's experts run on its captured input); `stop()` True ends with `Stopped`;
+    `progress(rows done)` after each batch."""
     pad = max(0, int(getattr(model.config, "pad_id", 0)))
     n = {l: m.n_experts for l, m in model.routing_modules.items()}
     use = {l: np.zeros(n[l]) for l in n}
     on_d = {l: np.zeros((n[l], n[l])) for l in n}
     on_all = {l: np.zeros((n[l], n[l])) for l in n}
-    total = 0
+    total, done = 0, 0
     with torch.inference_mode():
-        for _, x, lengths in batches(tokens, settings.batch_size, pad):
+        for rows, x, lengths in batches(tokens, settings.batch_size, pad):
             if stop is not None and stop():
                 raise Stopped()
             prefix = model.capture(x.to(model.device))
@@ -80,6 +81,9 @@ def merge_stats(model: Any, tokens: Tokens, settings: ImportanceSettings,
                     on_d[l] += torch.einsum("td,tde->de", (routed > 0).double(), cos).cpu().numpy()
                     on_all[l] += cos.sum(0).cpu().numpy()
             total += int(lengths.sum())
+            done += len(rows)
+            if progress is not None:
+                progress(done)
     sim = {}
     for l in n:
         sim[l] = np.where(use[l][:, None] > 0, on_d[l] / np.maximum(use[l][:, None], 1), on_all[l] / max(total, 1))
@@ -97,13 +101,16 @@ def merge_plan(stats: MergeStats, order: dict[str, list[int]], n: int) -> dict[s
 
 
 def merge_curve(measure: Callable[..., Sums], model: Any, tokens: Tokens, order: dict[str, list[int]],
-                stats: MergeStats, ns: list[int], **measure_kw: Any) -> tuple[pd.DataFrame, dict]:
+                stats: MergeStats, ns: list[int], progress: Callable[[float, int], None] | None = None,
+                done_before: int = 0, total: int | None = None, **measure_kw: Any) -> tuple[pd.DataFrame, dict]:
     """(`merge_curve` table, the plans by N): per N of `ns`, the mean next-token NLL over `tokens` (the
     held-out rows) with the N experts of `order` pruned and with them merged (`merge_plan`);
-    `measure(model, tokens, ablations, **measure_kw)` as the sweep measures."""
-    n_pos = tokens.positions.sum()
+    `measure(model, tokens, ablations, **measure_kw)` as the sweep measures. `progress(rows done,
+    total)`: from `done_before`, one pass over `tokens` for the pruned runs, then one per merged model."""
+    n_pos, R = tokens.positions.sum(), len(tokens.ids)
     with torch.inference_mode():
-        prune = measure(model, tokens, [pruning_ablation(order, n) for n in ns], **measure_kw)
+        prune = measure(model, tokens, [pruning_ablation(order, n) for n in ns], progress=progress,
+                        done_before=done_before, total=total, **measure_kw)
     base = float(prune.base_nll.sum() / n_pos)
     rows = [{"strategy": s, "n_removed": 0, "loss": base, "delta_loss": 0.0, "merged": ""}
             for s in ("prune", "merge")]
@@ -115,7 +122,8 @@ def merge_curve(measure: Callable[..., Sums], model: Any, tokens: Tokens, order:
         with torch.no_grad():  # a new model: built outside inference mode, run inside it
             merged = model.merged_copy(plan, {l: stats.usage[l] for l in plan})
         with torch.inference_mode():
-            s = measure(merged, tokens, [pruning_ablation(order, n)], **measure_kw)
+            s = measure(merged, tokens, [pruning_ablation(order, n)], progress=progress,
+                        done_before=done_before + R * (j + 1), total=total, **measure_kw)
         loss = float((s.base_nll.sum() + s.d_nll[0].sum()) / n_pos)
         rows.append({"strategy": "merge", "n_removed": n, "loss": loss, "delta_loss": loss - base,
                      "merged": ", ".join(f"{l}:{d}->{t}" for l, p in plan.items() for d, t in p.items())})

@@ -45,15 +45,16 @@ class _Worker:
             self.model, _ = load_checkpoint(d, dtype=dtype)
 
     def measure(self, rows: np.ndarray, x: torch.Tensor, lengths: torch.Tensor, ablations: list[Ablation],
-                settings: ImportanceSettings, fast: bool) -> tuple[np.ndarray, np.ndarray, list]:
+                settings: ImportanceSettings, fast: bool, reuse: bool) -> tuple[np.ndarray, np.ndarray, list]:
         with torch.inference_mode():
-            base, effects = measure_batch(self.model, x, lengths, ablations, settings,
-                                           fast and self.model.can_resume, None)
+            fast = fast and self.model.can_resume
+            base, effects = measure_batch(self.model, x, lengths, ablations, settings, fast, None,
+                                           reuse=fast and reuse)
         return rows, base, effects
 
 
 def on_ray(spec: RaySpec, todo: list, ablations: Sequence[Ablation], settings: ImportanceSettings, fast: bool,
-            stop: Callable[[], bool] | None):
+            stop: Callable[[], bool] | None, reuse: bool = False):
     """(rows, unablated NLL per row, effects) of each batch in `todo`, in the order Ray actors finish
     them (`spec.workers` actors, each with the checkpoint loaded once; a local cluster is started, and
     stopped after, unless Ray is running or RAY_ADDRESS names one). `stop()` is asked while waiting;
@@ -70,7 +71,7 @@ def on_ray(spec: RaySpec, todo: list, ablations: Sequence[Ablation], settings: I
         actors = [worker.remote(files, spec.dtype) for _ in range(min(spec.workers, len(todo)))]
         pool = ActorPool(actors)
         for batch in todo:
-            pool.submit(lambda a, b: a.measure.remote(*b, ablations_ref, settings_ref, fast), batch)
+            pool.submit(lambda a, b: a.measure.remote(*b, ablations_ref, settings_ref, fast, reuse), batch)
         while pool.has_next():
             if stop is not None and stop():
                 raise Stopped()

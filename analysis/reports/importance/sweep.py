@@ -22,7 +22,7 @@ from routescope.analysis.reports.importance.holdout import (Split, orders, parts
 from routescope.analysis.reports.importance.holdout import provenance as holdout_provenance
 from routescope.analysis.reports.importance.merge import merge_curve, merge_problem, merge_stats
 from routescope.analysis.reports.importance.measure import (Sums, Usage, measure_batch, per_forward_default,
-                                                            resume_agrees)
+                                                            resume_agrees, reuse_agrees)
 from routescope.analysis.reports.importance.plan import (ImportanceResult, ImportanceSettings, Scope, Tokens,
                                                          batches, control_draws, drop, prune_range, pruning_ablation,
                                                          scope_of, tokens_of)
@@ -33,25 +33,27 @@ from routescope.analysis.reports.importance import methods as M
 def measure(model: Any, tokens: Tokens, ablations: Sequence[Ablation], settings: ImportanceSettings, *,
             fast: bool, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
             on_prefix: Callable[[Any, Any], None] | None = None, cache: Path | None = None,
-            key: str = "", done_before: int = 0, total: int | None = None, ray: RaySpec | None = None) -> Sums:
+            key: str = "", done_before: int = 0, total: int | None = None, ray: RaySpec | None = None,
+            reuse: bool = False) -> Sums:
     """Per-row sums of every ablation's effects over the dataset (package doc); with `cache`, rows
     measured by an earlier (interrupted) call with the same `key` are not measured again. `ray`: the
     batches are measured by Ray actors (`on_ray`) instead of here, with the same cache, progress and
-    stop; `on_prefix` is then not called."""
+    stop; `on_prefix` is then not called. `reuse`: `measure_batch`'s (prefix reuse answering the
+    ablated layer's experts call from the captured experts outputs)."""
     pad = max(0, int(getattr(model.config, "pad_id", 0)))
     sums = load_cache(cache, key, len(ablations), len(tokens.ids))
     todo = [b for b in batches(tokens, settings.batch_size, pad) if not sums.done[b[0]].all()]
     total = total if total is not None else len(tokens.ids)
     done = done_before + int(sums.done.sum())
     if ray is not None:
-        results = on_ray(ray, todo, ablations, settings, fast, stop) if ablations and todo else iter(())
+        results = on_ray(ray, todo, ablations, settings, fast, stop, reuse) if ablations and todo else iter(())
         if not ablations:
             sums.done[:] = True
     else:
         # within a batch, progress in fractions of its rows (one report per forward: `measure_batch`)
         results = ((rows, *measure_batch(model, x, lengths, ablations, settings, fast, stop, on_prefix,
                                          tick=None if progress is None else
-                                         lambda i, n, r=len(rows): progress(done + r * i / n, total)))
+                                         lambda i, n, r=len(rows): progress(done + r * i / n, total), reuse=reuse))
                    for rows, x, lengths in todo)
     saved = time.monotonic()
     try:
@@ -151,6 +153,10 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         if not fast:
             notes.append("a forward restarted at a routing layer did not reproduce the plain forward on this model: "
                          "one full forward per ablation instead")
+    reuse = fast and reuse_agrees(run_model, tokens, settings)
+    if fast and not reuse:
+        notes.append("the ablated layer runs all its experts again: answering its experts call from the captured "
+                     "experts outputs did not reproduce it on this model")
 
     draws = control_draws(scope, settings.control_draws, settings.seed) if settings.method != "estimate" else []
     n_est = len(tokens.ids) if settings.method != "exact" else 0  # the estimate's pass over the rows
@@ -160,7 +166,10 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     if why and (prune_n or settings.merge_max):
         notes.append(why)
     prune_n = prune_n if parts else []
-    total = n_est + len(tokens.ids) + (len({int(r) for _, rs in parts for r in rs}) if prune_n else 0)
+    prune_rows = len({int(r) for _, rs in parts for r in rs}) if prune_n else 0
+    merging = bool(settings.merge_max and split is not None and merge_problem(run_model, settings.merge_max) is None)
+    merge_rows = len(split.ranking) + len(split.heldout) * (1 + settings.merge_max) if merging else 0
+    total = n_est + len(tokens.ids) + prune_rows + merge_rows
     t_est = time.perf_counter()
     est = M.estimates_of(run_model, tokens, scope, settings, progress, stop, total)
     t_est = time.perf_counter() - t_est
@@ -185,7 +194,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         if engine == "ray" else None
     with torch.inference_mode():
         sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
-                       on_prefix=on_prefix, cache=cache, key=key, total=total, ray=ray, done_before=n_est)
+                       on_prefix=on_prefix, cache=cache, key=key, total=total, ray=ray, done_before=n_est,
+                       reuse=reuse)
         if len(usage_done) < len(batches(tokens, settings.batch_size, 0)):
             # rows measured before an interruption, or by Ray workers: usage and REAP counted here by one plain pass
             usage = Usage(run_model, scope)
@@ -227,7 +237,7 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     rank_sums, rank_index = M.ranking_sums(imp, sums, {p: ablations[drop(p)] for p in singles}, est)
     judged = _judged(run_model, tokens, scope, imp, rank_sums, rank_index, split, parts,
                      prune_n, settings, fast, tables, notes, progress=progress, stop=stop,
-                     done_before=n_est + len(tokens.ids),
+                     done_before=n_est + len(tokens.ids), merge_before=n_est + len(tokens.ids) + prune_rows,
                      total=total, cache=cache_dir if cache is not None else None, key_parts=key_parts, ray=ray)
     prov = {"model": name, "family": model.config.family, "label": model.config.label,
             "weights_sha256": weights_sha256, "dataset": data.name, "dataset_sha256": data.digest,
@@ -237,6 +247,7 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
             "model_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "method": (f"prefix reuse, {settings.ablations_per_forward or per_forward_default(run_model.device)} "
                        "ablation(s) per forward") if fast else "one full forward per ablation",
+            "experts_outputs_reused": reuse,
             "estimate_seconds": round(t_est, 3) if est is not None else None,
             "exact_options": len(singles), "settings": asdict(settings), "holdout": judged,
             "seconds": round(time.perf_counter() - t0, 3),
@@ -253,8 +264,8 @@ def _version() -> str:
 
 def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: Sums, index: list[int],
             split: Split | None, parts: list, prune_n: list[int], settings: ImportanceSettings, fast: bool,
-            tables: dict[str, pd.DataFrame], notes: list[str], *, progress, stop, done_before, total, cache,
-            key_parts, ray: RaySpec | None) -> dict:
+            tables: dict[str, pd.DataFrame], notes: list[str], *, progress, stop, done_before, merge_before, total,
+            cache, key_parts, ray: RaySpec | None) -> dict:
     """Pruning and merging, ranked on the ranking rows and judged on the held-out rows (`holdout`,
     `merge`): the pruning and merge_curve tables added to `tables`, why not to `notes`; the split's
     provenance."""
@@ -285,9 +296,13 @@ def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: S
         if why:
             notes.append(f"no merge curve: {why}")
         else:
-            stats = merge_stats(model, subset(tokens, split.ranking), settings, stop)
+            ranked = len(split.ranking)
+            stats = merge_stats(model, subset(tokens, split.ranking), settings, stop, progress=None if progress is None
+                                else lambda d: progress(merge_before + d, total))
             curve, plans = merge_curve(measure, model, subset(tokens, split.heldout), causal, stats,
-                                       list(range(1, settings.merge_max + 1)), settings=settings, fast=fast, stop=stop)
+                                       list(range(1, settings.merge_max + 1)), progress=progress,
+                                       done_before=merge_before + ranked, total=total, settings=settings, fast=fast,
+                                       stop=stop)
             tables["merge_curve"] = curve
             out = holdout_provenance(split, tokens, causal, effects)
             return {**out, "merge": {"usage": {l: u.tolist() for l, u in stats.usage.items()},
