@@ -87,14 +87,19 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{judge}: {e}") from None
     name = Path(args.checkpoint).resolve().name
     out.mkdir(exist_ok=True)
-    with tqdm(total=1, desc=name, unit="row", disable=True if args.quiet else None) as bar:
+    # rows x passes, fractional within a batch (a report per forward): shown whole
+    fmt = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total} rows x passes [{elapsed}<{remaining}]"
+    with tqdm(total=1, desc=name, bar_format=fmt, disable=True if args.quiet else None) as bar:
         def progress(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
 
+        def phase(what: str) -> None:
+            bar.set_description_str(f"{name}: {what}")
+
         result = I.importance(model, tok, data, settings, name=name, weights_sha256=weights_sha256(args.checkpoint),
                               cache_dir=out / ".importance-cache", progress=progress, engine=args.engine,
-                              checkpoint=args.checkpoint, workers=args.workers)
+                              checkpoint=args.checkpoint, workers=args.workers, phase=phase)
     written = P.write_tables(result.tables, out)
     P.write_file(out / "importance.html", page(result.tables, result.provenance, result.notes).encode("utf-8"))
     doc = {**result.provenance, "tables": sorted(result.tables), "notes": result.notes}

@@ -19,7 +19,7 @@ from routescope.analysis.corpus import shipped as SH
 from routescope.analysis.export.batch import weights_sha256
 from routescope.analysis.corpus.page import frame_bytes
 from routescope.analysis.corpus.run import CorpusJobs
-from routescope.analysis.reports.importance import ImportanceSettings, importance
+from routescope.analysis.reports.importance import PHASES, ImportanceSettings, importance
 
 from routescope.app import corpus_resources as CR
 from routescope.app import state as K
@@ -45,6 +45,12 @@ def jobs() -> CorpusJobs:
 @st.cache_resource(show_spinner=False)
 def stops() -> dict:
     return {}  # job key -> threading.Event (cancel)
+
+
+@st.cache_resource(show_spinner=False)
+def phases() -> dict:
+    """Run key -> what its progress counts now (`importance`'s `phase`), shared by the sessions."""
+    return {}
 
 
 @st.cache_resource(show_spinner=False)
@@ -225,6 +231,7 @@ def start(model, tok, path: str, mtime: float, data: D.CorpusData, settings: Imp
     stop = stops().setdefault(key, threading.Event())
     stop.clear()
     pace = paces()[key] = Pace()
+    phases().pop(key, None)
 
     def report(progress, done: float, total: int) -> None:
         pace.add(time.perf_counter(), done / max(1, total))
@@ -232,7 +239,8 @@ def start(model, tok, path: str, mtime: float, data: D.CorpusData, settings: Imp
 
     def work(progress):
         return importance(model, tok, data, settings, name=Path(path).name, weights_sha256=key[0], cache_dir=CACHE,
-                          progress=lambda done, total: report(progress, done, total), stop=stop.is_set)
+                          progress=lambda done, total: report(progress, done, total), stop=stop.is_set,
+                          phase=lambda what: phases().__setitem__(key, what))
 
     return jobs().submit(key, STEPS, work)
 
@@ -242,7 +250,8 @@ def _progress(job, key) -> None:
     if not job.running:
         st.rerun()
     share = min(1.0, job.done / job.total)
-    st.progress(share, text=f"Dropping experts one at a time: {100 * share:.1f}% · {eta(job, paces().get(key))}")
+    what = phases().get(key, PHASES["exact"])
+    st.progress(share, text=f"{what}: {100 * share:.1f}% · {eta(job, paces().get(key))}")
     if st.button("Cancel", key=K.EXPERTS_CANCEL):
         stops()[key].set()
 

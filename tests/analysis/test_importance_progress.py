@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from routescope.analysis.inputs import datasets as D
-from routescope.analysis.reports.importance import ImportanceSettings, importance
+from routescope.analysis.reports.importance import PHASES, ImportanceSettings, importance
 from routescope.core_models.checkpoint import load_checkpoint
 
 pytest.importorskip("transformers")
@@ -65,8 +65,13 @@ def test_progress_goes_on_while_merging_and_ends_at_the_total():
                            options=tuple(range(model.routing_modules[next(iter(model.routing_layers()))].n_experts)),
                            bootstrap=10)
     reports: list = []
-    result = importance(model, tok, data, s, progress=lambda d, t: reports.append((d, t)))
+    phases: list = []
+    result = importance(model, tok, data, s, progress=lambda d, t: reports.append((d, t)),
+                        phase=lambda what: phases.append((what, len(reports))))
     assert "merge_curve" in result.tables
+    # what the progress counts, named as each pass starts
+    assert [w for w, _ in phases] == [PHASES["exact"], PHASES["prune"], PHASES["merge"]]
+    assert phases[0][1] == 0 and phases[1][1] < phases[2][1] < len(reports)
     held, ranking = result.provenance["holdout"]["heldout_rows"], result.provenance["holdout"]["ranking_rows"]
     done, total = [d for d, _ in reports], reports[-1][1]
     assert all(t == total for _, t in reports) and np.all(np.diff(done) >= 0) and done[-1] == total

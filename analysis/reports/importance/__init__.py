@@ -32,7 +32,7 @@ its tables). The public API is here: `importance`, `ImportanceSettings`, `Import
 from routescope.analysis.reports.importance.measure import restart_reproduces, reuse_reproduces
 from routescope.analysis.reports.importance.plan import (ImportanceResult, ImportanceSettings, pruning_ablation, ranked,
                                                          scope_of, tokens_of)
-from routescope.analysis.reports.importance.sweep import dataset_loss, importance, outside_control
+from routescope.analysis.reports.importance.sweep import PHASES, dataset_loss, importance, outside_control
 
-__all__ = ["ImportanceResult", "ImportanceSettings", "dataset_loss", "importance", "outside_control",
+__all__ = ["PHASES", "ImportanceResult", "ImportanceSettings", "dataset_loss", "importance", "outside_control",
            "pruning_ablation", "ranked", "restart_reproduces", "reuse_reproduces", "scope_of", "tokens_of"]

@@ -30,6 +30,12 @@ from routescope.analysis.reports.importance.ray_workers import RaySpec, on_ray
 from routescope.analysis.reports.importance import methods as M
 
 
+PHASES = {"estimate": "Estimating every expert (one forward and backward a batch)",
+          "exact": "Dropping experts one at a time",
+          "prune": "Pruning curve on the held-out rows",
+          "merge": "Merging experts, then the held-out rows again"}
+
+
 def measure(model: Any, tokens: Tokens, ablations: Sequence[Ablation], settings: ImportanceSettings, *,
             fast: bool, progress: Callable[[int, int], None] | None = None, stop: Callable[[], bool] | None = None,
             on_prefix: Callable[[Any, Any], None] | None = None, cache: Path | None = None,
@@ -125,14 +131,15 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
                name: str = "model", weights_sha256: str | None = None, cache_dir: Path | None = None,
                progress: Callable[[int, int], None] | None = None,
                stop: Callable[[], bool] | None = None, engine: str = "local", checkpoint: str | Path | None = None,
-               workers: int = 2) -> ImportanceResult:
+               workers: int = 2, phase: Callable[[str], None] | None = None) -> ImportanceResult:
     """Every table of the sweep (package doc): importance, control, control_summary, proxies,
     proxy_agreement, pruning, pruning_curve. `progress(done, total)` counts rows x passes (a batch's rows
     in fractions as its forwards finish); `stop()`
     True ends with `corpus_run.Stopped`; `cache_dir` keeps measured rows so a rerun resumes.
     `engine="ray"`: the batches of rows are measured by `workers` Ray actors, each loading
     `checkpoint` itself (`on_ray`), with the same cache, progress and stop as one process and the
-    same numbers."""
+    same numbers. `phase(what)` as each pass starts (`PHASES`'s texts): what the progress counts now."""
+    say = phase if phase is not None else (lambda what: None)
     if engine not in ("local", "ray"):
         raise ValueError(f"engine {engine!r}: use local or ray")
     if engine == "ray" and checkpoint is None:
@@ -171,6 +178,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     merge_rows = len(split.ranking) + len(split.heldout) * (1 + settings.merge_max) if merging else 0
     total = n_est + len(tokens.ids) + prune_rows + merge_rows
     t_est = time.perf_counter()
+    if settings.method != "exact":
+        say(PHASES["estimate"])
     est = M.estimates_of(run_model, tokens, scope, settings, progress, stop, total)
     t_est = time.perf_counter() - t_est
     singles = M.exact_options(scope, settings, est, tokens.positions.sum(), draws)
@@ -192,6 +201,7 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
 
     ray = RaySpec(checkpoint, workers, str(next(run_model.parameters()).dtype).removeprefix("torch.")) \
         if engine == "ray" else None
+    say(PHASES["exact"])
     with torch.inference_mode():
         sums = measure(run_model, tokens, list(ablations), settings, fast=fast, progress=progress, stop=stop,
                        on_prefix=on_prefix, cache=cache, key=key, total=total, ray=ray, done_before=n_est,
@@ -238,7 +248,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
     judged = _judged(run_model, tokens, scope, imp, rank_sums, rank_index, split, parts,
                      prune_n, settings, fast, tables, notes, progress=progress, stop=stop,
                      done_before=n_est + len(tokens.ids), merge_before=n_est + len(tokens.ids) + prune_rows,
-                     total=total, cache=cache_dir if cache is not None else None, key_parts=key_parts, ray=ray)
+                     total=total, cache=cache_dir if cache is not None else None, key_parts=key_parts, ray=ray,
+                     say=say)
     prov = {"model": name, "family": model.config.family, "label": model.config.label,
             "weights_sha256": weights_sha256, "dataset": data.name, "dataset_sha256": data.digest,
             "rows": len(tokens.ids), "tokens": int(sum(len(x) for x in tokens.ids)),
@@ -265,7 +276,7 @@ def _version() -> str:
 def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: Sums, index: list[int],
             split: Split | None, parts: list, prune_n: list[int], settings: ImportanceSettings, fast: bool,
             tables: dict[str, pd.DataFrame], notes: list[str], *, progress, stop, done_before, merge_before, total,
-            cache, key_parts, ray: RaySpec | None) -> dict:
+            cache, key_parts, ray: RaySpec | None, say: Callable[[str], None]) -> dict:
     """Pruning and merging, ranked on the ranking rows and judged on the held-out rows (`holdout`,
     `merge`): the pruning and merge_curve tables added to `tables`, why not to `notes`; the split's
     provenance."""
@@ -285,6 +296,7 @@ def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: S
     if prune_n:
         key = cache_key({**key_parts, "pruning": [pruning_ablation(o, n).describe() for o in order_of.values()
                                                   for n in prune_n], "rows": [[p, r.tolist()] for p, r in parts]})
+        say(PHASES["prune"])
         with torch.inference_mode():
             tables.update(pruning_tables(measure, model, tokens, scope, order_of, prune_n, parts, settings=settings,
                                          fast=fast, progress=progress, stop=stop, done_before=done_before,
@@ -297,6 +309,7 @@ def _judged(model: Any, tokens: Tokens, scope: Scope, imp: pd.DataFrame, sums: S
             notes.append(f"no merge curve: {why}")
         else:
             ranked = len(split.ranking)
+            say(PHASES["merge"])
             stats = merge_stats(model, subset(tokens, split.ranking), settings, stop, progress=None if progress is None
                                 else lambda d: progress(merge_before + d, total))
             curve, plans = merge_curve(measure, model, subset(tokens, split.heldout), causal, stats,
