@@ -46,7 +46,7 @@ from routescope.core_models.checkpoint import (CARD, CONFIG, TOKENIZER, load_che
                                                require_tokenizer, tokenizer_mismatch)
 from routescope.analysis.corpus import reductions as RD
 from routescope.analysis.corpus import stats as S
-from routescope.analysis.corpus.run import _chunks, layout_of, traced_batches
+from routescope.analysis.corpus.run import Stopped, _chunks, layout_of, traced_batches
 from routescope.analysis.inputs.datasets import CorpusData
 from routescope.analysis.runs.family_table import route_reader
 
@@ -197,9 +197,11 @@ def _host(x: Any) -> np.ndarray:
 
 
 @torch.inference_mode()
-def checkpoint_routes(model: Any, tokenizer: Any, data: CorpusData, settings: DriftSettings = DriftSettings()) -> Routes:
+def checkpoint_routes(model: Any, tokenizer: Any, data: CorpusData, settings: DriftSettings = DriftSettings(),
+                      stop: Callable[[], bool] | None = None) -> Routes:
     """Route `data` through `model` as `routescope corpus` does (first max_tokens tokens of each row,
-    right-padded batches, padding never counted) and keep each real token's top-k too."""
+    right-padded batches, padding never counted) and keep each real token's top-k too. `stop()` True
+    (asked before each batch) ends with `Stopped`."""
     layout = layout_of(model, data.label_columns)
     if not layout.routes:
         raise ValueError(f"{model.config.label} has no per-token routes: drift compares top-k choices")
@@ -214,6 +216,8 @@ def checkpoint_routes(model: Any, tokenizer: Any, data: CorpusData, settings: Dr
                     raise ValueError(f"{data.name}: row {r.row_id}: the text encodes to no tokens")
             order = sorted(range(len(encoded)), key=lambda k: len(encoded[k][1]))
             for s in range(0, len(order), settings.batch_size):
+                if stop is not None and stop():
+                    raise Stopped()
                 part = order[s:s + settings.batch_size]
                 lengths = [len(encoded[k][1]) for k in part]
                 T = max(lengths)
@@ -340,10 +344,12 @@ def _measure(i: int, routes: Routes, final: Routes, prev_topk: np.ndarray | None
 
 def drift(checkpoints: Sequence[str | Path], data: CorpusData, settings: DriftSettings = DriftSettings(), *,
           placement: Mapping[str, Any] | None = None,
-          progress: Callable[[int, int, str], None] | None = None) -> DriftResult:
+          progress: Callable[[int, int, str], None] | None = None,
+          stop: Callable[[], bool] | None = None) -> DriftResult:
     """The drift tables of a run (module doc): saturation, utilisation, events, experts, and where the
     dataset has labels label_shares and label_specialisation. `progress(done, total, name)` after each
-    checkpoint. The last checkpoint runs first (every other one is compared with it). `placement`:
+    checkpoint; `stop()` True (asked before each checkpoint and each batch) ends with `Stopped`. The
+    last checkpoint runs first (every other one is compared with it). `placement`:
     where and in what dtype each model loads (`load_checkpoint`'s keywords; default the CPU)."""
     t0 = time.perf_counter()
     paths, steps = order_checkpoints(checkpoints, settings.sort)
@@ -355,8 +361,10 @@ def drift(checkpoints: Sequence[str | Path], data: CorpusData, settings: DriftSe
     sat, util, shares = {}, {}, {}
     last = len(paths) - 1
     for done, i in enumerate([last, *range(last)], start=1):
+        if stop is not None and stop():
+            raise Stopped()
         model, tok = load_run_checkpoint(paths[i], **(placement or {}))
-        routes = checkpoint_routes(model, tok, data, settings)
+        routes = checkpoint_routes(model, tok, data, settings, stop)
         del model
         if final is None:
             final = routes

@@ -5,6 +5,7 @@ figures are the CLI page's (`rendering.drift_figures`). It reads no prompt and n
 it opens on the shipped run checkpoints/olmoe-tiny-steps where that is present."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import streamlit as st
@@ -23,14 +24,20 @@ SHIPPED_RUN = DEFAULT_ROOT / "olmoe-tiny-steps"
 DEFAULT_DATASET = "validation split: story + math"
 POLL_SECONDS = 0.5
 # widget keys (this view's own: no other view reads them)
-RUN, SOURCE, SHIPPED, PATH, MAX_TOKENS, GO, LAYER = ("drift_run", "drift_source", "drift_shipped", "drift_path",
-                                                     "drift_max_tokens", "drift_go", "drift_layer")
+RUN, SOURCE, SHIPPED, PATH, MAX_TOKENS, GO, LAYER, CANCEL = ("drift_run", "drift_source", "drift_shipped",
+                                                             "drift_path", "drift_max_tokens", "drift_go",
+                                                             "drift_layer", "drift_cancel")
 SHIPPED_SOURCE, SERVER = "Shipped dataset", "File on the server"
 
 
 @st.cache_resource(show_spinner=False)
 def jobs() -> CorpusJobs:
     return CorpusJobs(keep=4)
+
+
+@st.cache_resource(show_spinner=False)
+def stops() -> dict:
+    return {}  # job key -> threading.Event (cancel), shared by the sessions
 
 
 def _stamp(path: Path) -> float:
@@ -63,21 +70,33 @@ def _dataset() -> D.CorpusData | None:
         return None
 
 
+def job_key(paths: list[Path], data: D.CorpusData, settings: DR.DriftSettings) -> tuple:
+    return tuple((str(p), _stamp(p)) for p in paths), data.digest, settings
+
+
 def start(paths: list[Path], data: D.CorpusData, settings: DR.DriftSettings):
-    key = (tuple((str(p), _stamp(p)) for p in paths), data.digest, settings)
+    """The run's job: the one running or finished for these inputs, else a new one (also after a
+    failed or cancelled one: only `show`'s "Run again" comes here then)."""
+    key = job_key(paths, data, settings)
+    job = jobs().get(key)
+    if job is not None and not (job.finished.is_set() and job.error is not None):
+        return job
+    stop = stops()[key] = threading.Event()  # a new run's own: a Cancel of the last one does not carry over
 
     def work(progress):
-        return DR.drift(paths, data, settings, progress=lambda done, total, name: progress(done))
+        return DR.drift(paths, data, settings, progress=lambda done, total, name: progress(done), stop=stop.is_set)
 
     return jobs().submit(key, len(paths), work)
 
 
 @st.fragment(run_every=POLL_SECONDS)
-def _progress(job) -> None:
+def _progress(job, key) -> None:
     if not job.running:
         st.rerun()
     st.progress(min(1.0, job.done / job.total), text=f"Routing the dataset through checkpoint {job.done + 1} of "
                                                      f"{job.total}")
+    if st.button("Cancel", key=CANCEL):
+        stops()[key].set()
 
 
 def show() -> None:
@@ -97,14 +116,19 @@ def show() -> None:
         show_error(e, "Checkpoints refused: ")
         return
     st.caption(f"{len(paths)} checkpoints: {', '.join(p.name for p in paths)} · {data.describe()}")
+    key = job_key(paths, data, settings)
+    job = jobs().get(key)
+    if job is not None and job.finished.is_set() and job.error is not None:
+        # a failed or cancelled run is shown, not started again on every rerun
+        if job.error.startswith("Stopped"):
+            st.warning("Drift cancelled.")
+        else:
+            st.error(f"Drift: {job.error}")
+        if not st.button("Run again", key=GO):
+            return
     job = start(paths, data, settings)
     if job.running:
-        _progress(job)
-        return
-    if job.error is not None:
-        st.error(f"Drift: {job.error}")
-        if st.button("Run again", key=GO):
-            st.rerun()
+        _progress(job, key)
         return
     result = job.result
     tables, prov = result.tables, result.provenance

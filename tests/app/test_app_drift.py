@@ -114,3 +114,57 @@ def test_the_view_opens_on_the_shipped_run():
     changed = next(d.value for d in at.dataframe if "total_variation" in d.value)
     assert isinstance(changed, pd.DataFrame) and len(changed) == 20
     assert len(at.get("plotly_chart")) == 3  # saturation, utilisation, label specialisation (story / math)
+
+
+def _server_file(at: AppTest, tiny_run, tmp_path) -> AppTest:
+    data = tmp_path / "texts.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    at.text_area(key=V.RUN).set_value(str(tiny_run)).run()
+    at.radio(key=V.SOURCE).set_value(V.SERVER).run()
+    return at.text_input(key=V.PATH).set_value(str(data)).run()
+
+
+def test_a_cancelled_run_stays_cancelled_until_run_again(tiny_run, tmp_path, monkeypatch):
+    routes = DR.checkpoint_routes
+
+    def slowly(*args, **kwargs):  # a checkpoint takes a second: time to click Cancel
+        time.sleep(1.0)
+        return routes(*args, **kwargs)
+
+    monkeypatch.setattr(DR, "checkpoint_routes", slowly)
+    at = _server_file(drift_view(), tiny_run, tmp_path)
+    assert at.get("progress")
+    at.button(key=V.CANCEL).click().run()
+    deadline = time.time() + 60
+    while at.get("progress") and time.time() < deadline:
+        time.sleep(0.5)
+        at.run()
+    assert [w.value for w in at.warning] == ["Drift cancelled."] and not at.exception, (
+        [w.value for w in at.warning], [e.value for e in at.error], bool(at.get("progress")),
+        [(j.running, j.error) for j in V.jobs()._jobs.values()])
+    jobs = list(V.jobs()._jobs.values())
+    for _ in range(3):  # reruns show the cancelled run; none starts it again
+        time.sleep(0.3)
+        at.run()
+        assert not at.get("progress") and [w.value for w in at.warning] == ["Drift cancelled."]
+    assert list(V.jobs()._jobs.values()) == jobs
+    at.button(key=V.GO).click().run()
+    until_done(at)
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_a_failed_run_is_shown_once_not_started_again_on_every_rerun(tiny_run, tmp_path, monkeypatch):
+    calls = []
+
+    def fails(*args, **kwargs):
+        calls.append(1)
+        raise ValueError("the checkpoint cannot route this dataset")
+
+    monkeypatch.setattr(DR, "checkpoint_routes", fails)
+    at = until_done(_server_file(drift_view(), tiny_run, tmp_path))
+    tried = len(calls)  # each run the inputs made on the way (the shipped run the view opened on, ...) once
+    for _ in range(3):
+        time.sleep(0.3)
+        at.run()
+    assert [e.value for e in at.error] == ["Drift: the checkpoint cannot route this dataset"]
+    assert len(calls) == tried and not at.get("progress")
