@@ -61,10 +61,11 @@ def job_key(path: str, mtime: float, data: D.CorpusData, settings: CorpusSetting
 def job(path: str, mtime: float, data: D.CorpusData, settings: CorpusSettings,
         ablation: Ablation = NO_ABLATION) -> CorpusJob:
     """The corpus job of a checkpoint over a dataset under `ablation`: started on the jobs' thread
-    when new, else the running or finished one."""
+    when new, else the running or finished one (a failed one too: the view shows its error until
+    "Run again" forgets it; starting it again on every rerun looped)."""
     key = job_key(path, mtime, data, settings, ablation)
     found = jobs().get(key)
-    if found is not None and found.error is None:
+    if found is not None:
         return found
     model, tok = resources.load(path, mtime)
     text = TokenText(tok)

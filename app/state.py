@@ -98,6 +98,7 @@ CORPUS_INTENDED = "corpus_intended"
 CORPUS_COMPARE = "corpus_compare"
 CORPUS_TOP = "corpus_top"
 CORPUS_MIN_COUNT = "corpus_min_count"
+CORPUS_AGAIN = "corpus_again"
 # the view's inputs kept across view switches (an undrawn widget's value is dropped by Streamlit)
 CORPUS_KEPT = (CORPUS_SOURCE, CORPUS_SHIPPED, CORPUS_PATH, CORPUS_MAX_TOKENS, CORPUS_INTENDED, CORPUS_COMPARE,
                CORPUS_TOP, CORPUS_MIN_COUNT)

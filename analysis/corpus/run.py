@@ -398,6 +398,13 @@ class CorpusJobs:
         self._pool.submit(self._run, job, work)
         return job
 
+    def forget(self, key: Any) -> None:
+        """Drop a finished job (a failed one, before "Run again"): the next `submit` starts it anew."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and job.finished.is_set():
+                del self._jobs[key]
+
     def _run(self, job: CorpusJob, work: Callable[[Callable[[int], None]], Any]) -> None:
         job.started = time.perf_counter()
         try:

@@ -293,10 +293,14 @@ def _results(model, path: str, mtime: float, ablation: Ablation, data, settings,
     if any(j.running for j in jobs):
         _progress(jobs, names)
         return
-    failed = [(n, j.error) for n, j in zip(names, jobs) if j.error]
+    failed = [(n, j.error, k) for n, j, k in zip(names, jobs, keys) if j.error]
     if failed:
-        for n, err in failed:
+        for n, err, _ in failed:
             st.error(f"{n}: {err}")
+        if st.button("Run again", key=K.CORPUS_AGAIN):
+            for _, _, k in failed:
+                CR.jobs().forget(k)
+            st.rerun()
         return
     result = CR.result(keys[0])
     if ablation.is_empty:  # what "top N@corpus" specs rank by

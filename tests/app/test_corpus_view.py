@@ -253,3 +253,26 @@ def test_route_grid_cells_are_the_runs_choices():
         want = [PALETTE[int(sel[t])] if t in sel.index else "#FFFFFF" for t in range(T)]
         assert rows[i][0] == layer and colours[i] == want
     assert len(rows) == len(layers) + len(set(run.views["cosine_dominance"].frame["layer"]))
+
+
+def test_a_failed_run_is_shown_until_run_again_not_started_on_every_rerun(monkeypatch):
+    from routescope.app import corpus_resources as CR
+
+    calls = []
+
+    def fails(*args, **kwargs):
+        calls.append(1)
+        raise ValueError("this dataset cannot be routed")
+
+    monkeypatch.setattr(CR, "run_corpus", fails)
+    CR.jobs.clear()  # no finished run of an earlier test for these inputs (the jobs are process-wide)
+    at = until_done(corpus_view("moep"))
+    tried = len(calls)
+    for _ in range(3):  # a rerun shows the failure; it does not start the run again
+        time.sleep(0.3)
+        at.run()
+        assert not at.get("progress") and [e.value for e in at.error] == ["moep: this dataset cannot be routed"]
+    assert len(calls) == tried >= 1
+    at.button(key=K.CORPUS_AGAIN).click().run()
+    until_done(at)
+    assert len(calls) == tried + 1 and [e.value for e in at.error] == ["moep: this dataset cannot be routed"]
