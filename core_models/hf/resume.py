@@ -194,17 +194,23 @@ def recombine(inner: Any, idx0: torch.Tensor, out0: torch.Tensor, hidden: torch.
     `idx0` [N, k]: token t of `hidden` [m * N, d] (the captured batch repeated m times) is captured
     token t mod N. Only pairs the captured routes lack run (one experts call, one slot each). Equal to
     the experts call to float rounding (another summation order, other matmul shapes): a model whose
-    experts call is not that sum fails the sweep's check (`importance.measure.reuse_reproduces`)."""
+    experts call is not that sum fails the sweep's check (`importance.measure.reuse_reproduces`).
+    `SLOT_CHUNK` values of gathered outputs at a time."""
     d = hidden.shape[-1]
     h = hidden.reshape(-1, d)
     M, n0 = h.shape[0], idx0.shape[0]
     i, wt = idx.reshape(M, -1), w.reshape(M, -1)
-    t0 = torch.arange(M, device=h.device) % n0
-    same = i[:, :, None] == idx0[t0][:, None, :]  # [M, k', k]: slot s' of t is slot s of its captured token
-    vals = out0[t0[:, None], same.to(torch.uint8).argmax(-1)]  # [M, k', d]
-    new = (~same.any(-1)).nonzero()
-    if len(new):
-        t, s = new.unbind(-1)
-        one = torch.ones(len(t), 1, dtype=wt.dtype, device=h.device)
-        vals[t, s] = inner(h[t], i[t, s][:, None], one).reshape(len(t), d).to(vals.dtype)
-    return (vals * wt[..., None].to(vals.dtype)).sum(1).to(hidden.dtype).reshape(hidden.shape)
+    out = torch.empty_like(h)
+    per = max(1, SLOT_CHUNK // (i.shape[-1] * d))
+    for a in range(0, M, per):
+        b = min(M, a + per)
+        t0 = torch.arange(a, b, device=h.device) % n0
+        same = i[a:b, :, None] == idx0[t0][:, None, :]  # [c, k', k]: slot s' of t is slot s of its captured token
+        vals = out0[t0[:, None], same.to(torch.uint8).argmax(-1)]  # [c, k', d]
+        new = (~same.any(-1)).nonzero()
+        if len(new):
+            t, s = new.unbind(-1)
+            one = torch.ones(len(t), 1, dtype=wt.dtype, device=h.device)
+            vals[t, s] = inner(h[a + t], i[a + t, s][:, None], one).reshape(len(t), d).to(vals.dtype)
+        out[a:b] = (vals * wt[a:b, :, None].to(vals.dtype)).sum(1).to(out.dtype)
+    return out.reshape(hidden.shape)
