@@ -253,7 +253,7 @@ def resume_agrees(model: Any, tokens: Tokens, settings: ImportanceSettings) -> b
 
 def reuse_agrees(model: Any, tokens: Tokens, settings: ImportanceSettings) -> bool:
     """`reuse_reproduces` on the first row of the sweep's first batch."""
-    rows, x, _ = batches(tokens, settings.batch_size, max(0, int(getattr(model.config, "pad_id", 0))))[0]
+    _, x, _ = batches(tokens, settings.batch_size, max(0, int(getattr(model.config, "pad_id", 0))))[0]
     return reuse_reproduces(model, x[:1])
 
 
