@@ -156,16 +156,6 @@ def run(args) -> C.Report:
     return rep
 
 
-def write_section(path: Path, text: str) -> None:
-    body = f"{SECTION[0]}\n{text.rstrip()}\n{SECTION[1]}\n"
-    old = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if SECTION[0] in old and SECTION[1] in old:
-        head, rest = old.split(SECTION[0], 1)
-        new = head + body + rest.split(SECTION[1], 1)[1].lstrip("\n")
-    else:
-        new = old.rstrip("\n") + "\n\n" + body
-    path.write_text(new, encoding="utf-8")
-
 
 def main() -> None:
     p = C.parser(__doc__)
@@ -182,7 +172,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"text": text}))
     if args.results:
-        write_section(Path(args.results), text)
+        C.write_section(Path(args.results), text, SECTION)
 
 
 if __name__ == "__main__":

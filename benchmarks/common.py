@@ -358,3 +358,16 @@ def peers_available() -> dict[str, str | None]:
         except PackageNotFoundError:
             out[pkg] = None
     return out
+
+
+def write_section(path: Path, text: str, markers: tuple[str, str]) -> None:
+    """Put `text` between a benchmark's `markers` in `path` (appended the first time); the rest of the
+    file is left as it is."""
+    body = f"{markers[0]}\n{text.rstrip()}\n{markers[1]}\n"
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if markers[0] in old and markers[1] in old:
+        head, rest = old.split(markers[0], 1)
+        new = head + body + rest.split(markers[1], 1)[1].lstrip("\n")
+    else:
+        new = old.rstrip("\n") + "\n\n" + body
+    path.write_text(new, encoding="utf-8")
