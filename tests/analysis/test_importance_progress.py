@@ -80,3 +80,16 @@ def test_progress_goes_on_while_merging_and_ends_at_the_total():
     after = sorted({d for d in done if d > merging})
     # the similarity pass (one report a batch of ranking rows), then 1 + merge_max passes over the held-out rows
     assert len(after) >= -(-ranking // s.batch_size) + 1 + s.merge_max
+
+
+def test_progress_ends_at_the_total_when_the_merge_is_left_out():
+    """--merge with --options (no pruning curve, so no merge): the total does not count a merge."""
+    model, tok = load_checkpoint(CK / "olmoe-tiny")
+    texts = [f"{t} ({i})" for i in range(5) for t in TEXTS]
+    data = D.rows_corpus("t", [D.CorpusRow(str(i), t, ()) for i, t in enumerate(texts)], [])
+    s = ImportanceSettings(batch_size=8, control_draws=0, prune_draws=0, merge_max=1, method="exact", options=(0, 1),
+                           bootstrap=10)
+    reports: list = []
+    result = importance(model, tok, data, s, progress=lambda d, t: reports.append((d, t)))
+    assert "merge_curve" not in result.tables
+    assert reports[-1][0] == reports[-1][1]

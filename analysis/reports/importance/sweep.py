@@ -174,7 +174,8 @@ def importance(model: Any, tokenizer: Any, data: CorpusData, settings: Importanc
         notes.append(why)
     prune_n = prune_n if parts else []
     prune_rows = len({int(r) for _, rs in parts for r in rs}) if prune_n else 0
-    merging = bool(settings.merge_max and split is not None and merge_problem(run_model, settings.merge_max) is None)
+    merging = bool(settings.merge_max and split is not None and merge_problem(run_model, settings.merge_max) is None
+                   and prune_range(scope, replace(settings, prune_max=None)))  # as `_judged` decides
     merge_rows = len(split.ranking) + len(split.heldout) * (1 + settings.merge_max) if merging else 0
     total = n_est + len(tokens.ids) + prune_rows + merge_rows
     t_est = time.perf_counter()
